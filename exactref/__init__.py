@@ -1,0 +1,39 @@
+"""ExactRef: exact, correctly rounded references with sound tolerances for numerical kernels."""
+
+from . import models
+from ._convert import asarray
+from .errors import (
+    MismatchError,
+    OutOfToleranceError,
+    ReferenceUnavailableError,
+    ShapeMismatchError,
+    SpecialValueError,
+)
+from .formats import FORMATS, ComplexFormat, Format, format_of
+from .models import ErrorModel
+from .ops import add, gemm, matmul, multiply, sum  # noqa: A004
+from .result import Gradients, Result
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMATS",
+    "ComplexFormat",
+    "ErrorModel",
+    "Format",
+    "Gradients",
+    "MismatchError",
+    "OutOfToleranceError",
+    "ReferenceUnavailableError",
+    "Result",
+    "ShapeMismatchError",
+    "SpecialValueError",
+    "add",
+    "asarray",
+    "format_of",
+    "gemm",
+    "matmul",
+    "models",
+    "multiply",
+    "sum",
+]

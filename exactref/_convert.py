@@ -1,0 +1,209 @@
+"""Turning user inputs into numpy arrays, and PyTorch's type promotion.
+
+Inputs may be nested lists, Python scalars, numpy arrays, torch tensors on
+any device, or DLPack objects.  An *operand* remembers whether it was a
+Python scalar (which never widens the result's dtype and gets no gradient), a
+zero-dimensional array, or an array with dimensions: the three tiers of
+``torch.result_type``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .formats import FLOAT32, FORMATS, ComplexFormat, Format, complex_of, format_of, part_of
+from .rounding import round_float64, to_dtype
+
+__all__ = ["Operand", "asarray", "operand", "promote", "values_of"]
+
+_MAX_SCALAR = float(np.finfo(np.float64).max)
+
+
+def _is_torch(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "detach")
+
+
+def _torch_to_numpy(t: Any) -> np.ndarray:
+    import torch
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    try:
+        return t.numpy().copy()
+    except TypeError as exc:
+        raise TypeError(f"a torch tensor of dtype {t.dtype} is not supported: {exc}") from None
+
+
+def _plain(obj: Any) -> np.ndarray:
+    """The array behind ``obj`` without any dtype change."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    if _is_torch(obj):
+        return _torch_to_numpy(obj)
+    if hasattr(obj, "__dlpack__") and not isinstance(obj, (list, tuple)):
+        try:
+            return np.from_dlpack(obj)
+        except (TypeError, RuntimeError, BufferError):
+            import torch
+
+            return _torch_to_numpy(torch.from_dlpack(obj))
+    if isinstance(obj, np.generic):
+        return np.asarray(obj)
+    return np.asarray(obj)
+
+
+def asarray(obj: Any, dtype: Any = None) -> np.ndarray:
+    """A numpy array of ``obj`` in a supported format.
+
+    ``obj`` is a nested list, a scalar, a numpy array, a torch tensor on any
+    device (detached and copied to the host) or a DLPack object.  ``dtype``
+    is a name ("float32", "bfloat16", ...) or a numpy or torch dtype; when it
+    is given the values are rounded to it once, correctly (to nearest, ties
+    to even).  Without it, arrays keep their dtype, and Python numbers follow
+    ``torch.tensor``: floats become float32 and complex numbers complex64.
+
+    >>> import exactref as er
+    >>> er.asarray([[1.0, 2.5]], "bfloat16").dtype.name
+    'bfloat16'
+    """
+    fmt = None if dtype is None else format_of(dtype)
+    try:
+        arr = _plain(obj)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"obj={_short(obj)} cannot be read as an array: {exc}") from None
+    if arr.dtype == object:
+        raise TypeError(f"obj={_short(obj)} is not a rectangular array of numbers")
+    if fmt is None:
+        fmt = _infer_format(arr, obj)
+    return convert(arr, fmt)
+
+
+def _infer_format(arr: np.ndarray, obj: Any) -> Format | ComplexFormat:
+    kind = arr.dtype.kind
+    from_python = not isinstance(obj, np.ndarray) and not _is_torch(obj) and not isinstance(obj, np.generic)
+    if from_python and kind in "fc":
+        return FORMATS["complex64"] if kind == "c" else FLOAT32
+    if kind in "iub":
+        raise TypeError(f"obj holds {arr.dtype} values, which no supported format is; "
+                        "pass dtype='float32' (or another float format) to convert them")
+    return format_of(arr.dtype, argument="obj's dtype")
+
+
+def convert(arr: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
+    """``arr`` in ``fmt``, each value rounded once, correctly."""
+    if arr.dtype == fmt.dtype:
+        return np.array(arr, copy=True)
+    if arr.dtype.kind == "c" and not fmt.is_complex:
+        raise TypeError(f"complex values cannot be converted to {fmt.name}; use a complex format")
+    if arr.dtype.kind not in "fciub" and arr.dtype.name not in FORMATS:
+        raise TypeError(f"values of dtype {arr.dtype} cannot be converted to {fmt.name}")
+    wide = arr.astype(np.complex128 if arr.dtype.kind == "c" or fmt.is_complex else np.float64)
+    part = part_of(fmt)
+    if fmt.is_complex:
+        out = round_float64(wide.real, part) + 1j * round_float64(wide.imag, part)
+    else:
+        out = round_float64(wide, part)
+    return to_dtype(out, fmt)
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass
+class Operand:
+    """One input of an op, as read from the user."""
+
+    name: str
+    array: np.ndarray  # in ``fmt``'s dtype; a 0-d array for scalars
+    fmt: Format | ComplexFormat
+    tier: int  # 2: has dimensions, 1: zero-dimensional array, 0: Python scalar
+    scalar: float | complex | None = None
+
+    @property
+    def is_python_scalar(self) -> bool:
+        return self.tier == 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape
+
+
+def operand(obj: Any, name: str) -> Operand:
+    """Read argument ``name``: a Python number becomes a scalar operand, anything else an array."""
+    if isinstance(obj, bool):
+        raise TypeError(f"{name}={obj!r} is a bool; pass a float")
+    if isinstance(obj, numbers.Number) and not isinstance(obj, np.generic):
+        value = complex(obj) if isinstance(obj, complex) else float(obj)
+        if isinstance(obj, numbers.Integral) and abs(obj) > 2 ** 53:
+            raise ValueError(f"{name}={obj} is an integer too large to be a float64 exactly")
+        if abs(value) > _MAX_SCALAR:
+            raise ValueError(f"{name}={obj!r} is not finite")
+        fmt = FORMATS["complex128"] if isinstance(value, complex) else FORMATS["float64"]
+        return Operand(name, np.asarray(value), fmt, 0, value)
+    try:
+        arr = asarray(obj)
+    except TypeError as exc:
+        raise TypeError(f"{name}: {exc}") from None
+    return Operand(name, arr, format_of(arr.dtype), 2 if arr.ndim else 1)
+
+
+def _promote_pair(a: Format | ComplexFormat, b: Format | ComplexFormat) -> Format | ComplexFormat:
+    pa, pb = part_of(a), part_of(b)
+    if pa == pb:
+        part = pa
+    elif {pa.name, pb.name} == {"float16", "bfloat16"}:
+        part = FLOAT32
+    else:
+        part = max(pa, pb, key=lambda f: f.p)
+    return complex_of(part) if a.is_complex or b.is_complex else part
+
+
+def promote(operands: list[Operand], op: str) -> Format | ComplexFormat:
+    """``torch.result_type`` of the operands: dimensioned arrays, then 0-d arrays, then Python scalars."""
+    tiers: list[Format | ComplexFormat | None] = [None, None, None]
+    for o in operands:
+        fmt = o.fmt
+        if o.tier == 0:
+            # A Python float or complex counts as the default dtype in its tier.
+            fmt = FORMATS["complex64"] if o.fmt.is_complex else FLOAT32
+        tiers[o.tier] = fmt if tiers[o.tier] is None else _promote_pair(tiers[o.tier], fmt)
+    result = None
+    for fmt in reversed(tiers):
+        if fmt is None:
+            continue
+        if result is None:
+            result = fmt
+        elif fmt.is_complex and not result.is_complex:
+            # A lower tier can only raise the category, keeping the higher tier's precision.
+            try:
+                result = complex_of(part_of(result) if result.name != "bfloat16" else FLOAT32)
+            except TypeError:
+                raise TypeError(f"{op}: a complex scalar with a {result.name} array gives complex32, "
+                                "which ExactRef does not support") from None
+    assert result is not None  # noqa: S101 - at least one operand always exists
+    return result
+
+
+def values_of(o: Operand, fmt: Format | ComplexFormat) -> np.ndarray:
+    """The operand's exact values as float64 (complex128 when ``fmt`` is complex).
+
+    PyTorch widens arrays to the promoted format exactly.  The only
+    narrowing it makes is of a zero-dimensional array or Python scalar, to
+    the format it computes in; ExactRef keeps such values exact and budgets
+    that rounding in the tolerance.
+    """
+    if not fmt.is_complex and np.iscomplexobj(o.array):
+        raise TypeError(f"{o.name} is complex but the result format {fmt.name} is real")
+    return np.asarray(o.array).astype(np.complex128 if fmt.is_complex else np.float64)

@@ -1,0 +1,1 @@
+"""Exact and certified arithmetic behind the ops."""

@@ -1,0 +1,57 @@
+"""Scalar coefficients (alpha, beta): reading them, and scaling complex terms by them."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+from ..engine.sumprod import Term
+from ..formats import ComplexFormat, Format
+from ..models import scalar_error
+
+__all__ = ["read_coefficient", "scaled", "scalar_relative_error"]
+
+
+def read_coefficient(value: Any, name: str, fmt: Format | ComplexFormat, op: str) -> float | complex:
+    """A Python number for ``alpha``/``beta``, checked the way PyTorch checks it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        raise TypeError(f"{op}: {name}={value!r} must be a Python int, float or complex")
+    if isinstance(value, complex) or (hasattr(value, "imag") and value.imag != 0):
+        if not fmt.is_complex:
+            raise TypeError(f"{op}: {name}={value!r} is complex but the inputs are {fmt.name}; "
+                            "a complex coefficient needs complex inputs")
+        result: float | complex = complex(value)
+        parts = (result.real, result.imag)
+    else:
+        if isinstance(value, numbers.Integral) and abs(int(value)) > 2 ** 53:
+            raise ValueError(f"{op}: {name}={value} is too large to be a float64 exactly")
+        result = float(value)
+        parts = (result,)
+    if not all(math.isfinite(p) for p in parts):
+        raise ValueError(f"{op}: {name}={value!r} must be finite")
+    return result
+
+
+def scaled(coef: float | complex, parts: list[Callable[[float], Term]], p: int, *, drop_zero: bool) -> list[Term]:
+    """Terms of part ``p`` of ``coef * D``, where ``parts[q](c)`` is the term ``c * (part q of D)``.
+
+    With ``drop_zero`` a zero coefficient removes its term, as a BLAS does
+    for alpha or beta of zero; otherwise it stays, so that 0 * inf gives NaN
+    as PyTorch's elementwise kernels do.
+    """
+    if len(parts) == 1:
+        c = coef.real if isinstance(coef, complex) else coef
+        combos = [(float(c), 0)]
+    else:
+        cr, ci = complex(coef).real, complex(coef).imag
+        combos = [(cr, 0), (-ci, 1)] if p == 0 else [(cr, 1), (ci, 0)]
+    return [parts[q](c) for c, q in combos if c != 0 or not drop_zero]
+
+
+def scalar_relative_error(c: float | complex, fmt: Format) -> float:
+    """|c - c rounded to fmt| / |c|: the relative error of using c in ``fmt`` arithmetic."""
+    if c == 0:
+        return 0.0
+    return scalar_error(c, fmt) / abs(c)

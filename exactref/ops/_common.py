@@ -1,0 +1,159 @@
+"""What every rational op shares: the op object, reading gradients, folding broadcast copies,
+and turning per-part terms plus a tolerance into a Result."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from .._convert import Operand, _plain, asarray, convert
+from ..engine.sumprod import Solution, Term, exact_fraction, solve, specials
+from ..formats import ComplexFormat, Format, format_of, part_of
+from ..models import ErrorModel
+from ..result import Gradients, Part, Result, judge
+
+__all__ = ["Op", "build", "fold_copies", "read_grad"]
+
+# E is multiplied by this so that second-order terms left out of the
+# first-order formulas can never make a bound too small.
+_SLACK = 1.0 + 2.0 ** -20
+
+
+class Op:
+    """An op: call it for the forward Result; ``.backward(...)`` for the Gradients."""
+
+    def __init__(self, name: str, forward: Callable[..., Result],
+                 backward: Callable[..., Gradients] | None = None, no_backward: str = "") -> None:
+        self.__name__ = name
+        self._forward = forward
+        self._backward = backward
+        self._no_backward = no_backward
+        functools.update_wrapper(self, forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Result:
+        return self._forward(*args, **kwargs)
+
+    @property
+    def backward(self) -> Callable[..., Gradients]:
+        if self._backward is None:
+            raise AttributeError(self._no_backward or f"{self.__name__} has no backward")
+        return self._backward
+
+    def __repr__(self) -> str:
+        return f"<exactref op {self.__name__}>"
+
+
+def read_grad(grad: Any, fmt: Format | ComplexFormat, shape: tuple[int, ...], op: str) -> np.ndarray:
+    """The output gradient as exact float64/complex128 values, checked against the output."""
+    if grad is None:
+        raise TypeError(f"{op}.backward needs grad, the gradient of the output; there is no default of ones")
+    arr = _plain(grad) if not isinstance(grad, (list, tuple, int, float, complex)) else None
+    if arr is None:
+        arr = asarray(grad, fmt)
+    else:
+        arr = np.asarray(arr)
+        if arr.dtype.kind not in "fc" and arr.dtype.name != "bfloat16":
+            raise TypeError(f"grad has dtype {arr.dtype}; it must have {op}'s output format {fmt.name}")
+        if format_of(arr.dtype, argument="grad's dtype") != fmt:
+            raise TypeError(f"grad has dtype {arr.dtype.name} but {op}'s output has dtype {fmt.name}; "
+                            f"convert it with er.asarray(grad, {fmt.name!r})")
+    if arr.shape != shape:
+        raise ValueError(f"grad has shape {arr.shape} but {op}'s output has shape {shape}")
+    return np.asarray(arr).astype(np.complex128 if fmt.is_complex else np.float64)
+
+
+def fold_copies(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Arrange ``g`` (the broadcast shape) so that the copies of each element of ``shape`` lie along a new last axis.
+
+    Returns an array of ``shape + (copies,)``: summing its last axis is what
+    PyTorch's ``sum_to_size`` computes for a broadcast operand.
+    """
+    full = g.shape
+    lead = len(full) - len(shape)
+    padded = (1,) * lead + tuple(shape)
+    reduce_axes = [i for i, (n, m) in enumerate(zip(padded, full)) if n == 1 and m != 1]
+    keep_axes = [i for i in range(len(full)) if i not in reduce_axes]
+    moved = np.transpose(g, keep_axes + reduce_axes)
+    copies = int(np.prod([full[i] for i in reduce_axes], dtype=np.int64)) if reduce_axes else 1
+    return moved.reshape(tuple(shape) + (copies,))
+
+
+def copies_of(shape: tuple[int, ...], full: tuple[int, ...]) -> int:
+    """How many broadcast copies of each element of ``shape`` the shape ``full`` has."""
+    return int(np.prod(full, dtype=np.int64)) // max(1, int(np.prod(shape, dtype=np.int64)))
+
+
+def zero_nonfinite(x: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(x), x, 0.0)
+
+
+def parts_of(x: np.ndarray, complex_: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Real and imaginary parts as float64 (zeros for a real array in a complex op)."""
+    if np.iscomplexobj(x):
+        return np.ascontiguousarray(x.real), np.ascontiguousarray(x.imag)
+    return x, np.zeros_like(x)
+
+
+_AVAILABLE = None
+
+
+def check_size(op: str, elements: int, what: str) -> None:
+    """Refuse work whose float64 temporaries would not fit in this machine's memory."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        try:
+            _AVAILABLE = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            _AVAILABLE = 16 << 30
+    need = elements * 8 * 12
+    if need > _AVAILABLE // 2:
+        raise ValueError(f"{op}: {what} needs about {need / 2**30:.1f} GiB of working memory, "
+                         f"more than half of this machine's {_AVAILABLE / 2**30:.1f} GiB; use smaller inputs")
+
+
+@dataclass
+class PartSpec:
+    """How to compute one real part: its exact terms, its terms for special values, and its tolerance."""
+
+    terms: list[Term]
+    special_terms: list[Term] | None
+    tolerance: Callable[[Solution], tuple[np.ndarray, np.ndarray | None]]
+
+
+def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: list[PartSpec],
+          model: ErrorModel, *, out_shape: tuple[int, ...] | None = None,
+          backward: Callable[[Any], Gradients] | None = None) -> Result:
+    """Solve every part exactly, apply its tolerance and special values, and wrap it as a Result.
+
+    The terms are computed in ``shape``; the Result has ``out_shape`` (the
+    same elements in the same order), by default ``shape``.
+    """
+    out_shape = shape if out_shape is None else out_shape
+    pfmt = part_of(fmt)
+    parts: list[Part] = []
+    for ps in specs:
+        sol = solve(ps.terms, shape, pfmt)
+        E, overflow = ps.tolerance(sol)
+        E = np.where(E > 0, E * _SLACK, E)
+        special = specials(ps.special_terms, shape) if ps.special_terms is not None else None
+        part = judge(sol.rounded, sol.x_lo, sol.x_hi, E, pfmt, special=special, overflow=overflow)
+        for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
+            setattr(part, name, np.asarray(getattr(part, name)).reshape(out_shape))
+        parts.append(part)
+
+    def exact(index: tuple[int, ...]) -> Fraction | tuple[Fraction, Fraction]:
+        flat = int(np.ravel_multi_index(index, out_shape)) if out_shape else 0
+        values = tuple(exact_fraction(ps.terms, shape, flat) for ps in specs)
+        return values[0] if len(values) == 1 else values
+
+    return Result(op=op, fmt=fmt, parts=parts, model=model, exact=exact, backward=backward)
+
+
+def convert_operand(o: Operand, fmt: Format | ComplexFormat) -> Operand:
+    return Operand(o.name, convert(o.array, fmt), fmt, o.tier, o.scalar)

@@ -1,0 +1,350 @@
+"""matmul and gemm: forward, backward, tolerances and normal answers.
+
+Semantics follow ``torch.matmul`` (1-D operands, batch broadcasting) and
+``torch.addmm``'s BLAS convention (``beta == 0`` does not read C,
+``alpha == 0`` does not compute A @ B).  A complex product is computed on its
+real embedding: the real part of ``X @ Y`` is ``[Xr, Xi] @ [Yr; -Yi]`` and
+the imaginary part ``[Xr, Xi] @ [Yi; Yr]``.
+
+Gradients: ``grad_A = conj(alpha) grad @ B^H`` and ``grad_B = conj(alpha)
+A^H @ grad``, with the broadcast copies of the operand folded into the
+contraction, so each element is one dot product rounded once;
+``grad_C = conj(beta) grad`` summed over C's broadcast copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._convert import Operand, operand, values_of
+from ..engine.sumprod import MatmulTerm, RowTerm, Solution, Term
+from ..formats import ComplexFormat, Format, part_of
+from ..models import (
+    DEFAULT,
+    ErrorModel,
+    accumulation_format,
+    check_model,
+    dot_error,
+    matmul_input_format,
+    opmath_format,
+    overflow_possible,
+    partials_error,
+    products_exact,
+    products_may_underflow,
+)
+from ..result import Gradients, Result
+from ._coef import read_coefficient, scalar_relative_error, scaled
+from ._common import Op, PartSpec, build, check_size, fold_copies, read_grad, zero_nonfinite
+
+__all__ = ["gemm", "matmul"]
+
+Tolerance = Callable[[Solution], tuple[np.ndarray, np.ndarray]]
+
+
+def _read_operands(op: str, **named: Any) -> tuple[list[Operand], Format | ComplexFormat]:
+    ops = [operand(v, k) for k, v in named.items()]
+    for o in ops:
+        if o.tier == 0 or (o.array.ndim == 0 and o.name in "AB"):
+            raise ValueError(f"{op}: {o.name} must be an array with at least one dimension, "
+                             f"got {o.array.tolist()!r}")
+    fmt = ops[0].fmt
+    for o in ops[1:]:
+        if o.fmt != fmt:
+            raise TypeError(f"{op}: {ops[0].name} has dtype {fmt.name} but {o.name} has dtype {o.fmt.name}; "
+                            "PyTorch requires one dtype for all operands")
+    return ops, fmt
+
+
+def _shapes(a: tuple[int, ...], b: tuple[int, ...], op: str) -> tuple[tuple, tuple, tuple, tuple]:
+    """2-D forms of A and B, the broadcast batch shape, and the op's output shape."""
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        which = "only" if len(b) == 1 else "second-to-last"
+        raise ValueError(f"{op}: A has shape {a} and B has shape {b}: A's last dimension ({a2[-1]}) "
+                         f"must equal B's {which} dimension ({b2[-2]})")
+    try:
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+    except ValueError:
+        raise ValueError(f"{op}: the batch dimensions of A {a2[:-2]} and B {b2[:-2]} do not broadcast") from None
+    out = batch + ((a2[-2],) if len(a) > 1 else ()) + ((b2[-1],) if len(b) > 1 else ())
+    return a2, b2, batch, out
+
+
+def _embed(X: np.ndarray, Y: np.ndarray, complex_: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(X', Y') per real part, with ``X' @ Y'`` that part of ``X @ Y``."""
+    if not complex_:
+        return [(X, Y)]
+    Xe = np.concatenate([X.real, X.imag], axis=-1)
+    return [(Xe, np.concatenate([Y.real, -Y.imag], axis=-2)),
+            (Xe, np.concatenate([Y.imag, Y.real], axis=-2))]
+
+
+def _product_terms(X: np.ndarray, Y: np.ndarray, coef: float | complex, fmt: Format | ComplexFormat, *,
+                   drop_zero: bool) -> list[list[Term]]:
+    narrow = 2 * part_of(fmt).p <= 53
+    pairs = _embed(X, Y, fmt.is_complex)
+    makers = [lambda c, xy=xy: MatmulTerm(c, xy[0], xy[1], narrow) for xy in pairs]
+    return [scaled(coef, makers, p, drop_zero=drop_zero) for p in range(len(pairs))]
+
+
+def _array_terms(C: np.ndarray, coef: float | complex, fmt: Format | ComplexFormat, *,
+                 drop_zero: bool) -> list[list[Term]]:
+    """Terms per part of ``coef * C`` for an array C of the output's shape."""
+    narrow = 2 * part_of(fmt).p <= 53
+    values = [C.real, C.imag] if fmt.is_complex else [C]
+    makers = [lambda c, v=v: RowTerm(c, v[..., None], None, narrow) for v in values]
+    return [scaled(coef, makers, p, drop_zero=drop_zero) for p in range(len(values))]
+
+
+def _both(exact: Callable[[bool], list[list[Term]]], *arrays: np.ndarray) -> tuple[list, list | None]:
+    """The terms on finite-ized inputs, and on the real inputs where some value is not finite."""
+    special = None if all(np.isfinite(a).all() for a in arrays) else exact(False)
+    return exact(True), special
+
+
+def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_depth: int = 0,
+               relative: float = 0.0, rows: tuple[np.ndarray, np.ndarray] | None = None,
+               copies: int = 1, per_copy_rounding: bool = False) -> Tolerance:
+    """Tolerance of an n-term dot product of ``fin`` values accumulated under ``model``, rounded to ``out``.
+
+    ``rows`` (sum|a| by row, sum|b| by column) is needed when the model rounds
+    float32 inputs to TF32 or bfloat16.  With ``per_copy_rounding`` the sum
+    is ``copies`` partial products, each rounded to ``out`` first.
+    """
+    acc = accumulation_format(model, fin)
+    tin = matmul_input_format(model, fin) if rows is not None else None
+    exact = products_exact(tin.p if tin else fin.p, acc)
+    depth = max(n - 1, 0) + (0 if exact else 1) + extra_depth
+    underflow = not exact or products_may_underflow(tin or fin, acc)
+    per_copy = max(n // copies - 1, 0) + (0 if exact else 1)
+
+    def tolerance(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
+        S = sol.S
+        E_in = 0.0
+        if tin is not None:
+            # |a_t b_t - a b| <= (2u + u^2)|ab| + h((1+u)|a| + |b|), h half of tin's subnormal spacing.
+            u, h = tin.unit_roundoff, tin.min_subnormal / 2
+            E_in = (2 * u + u * u) * S + h * ((1 + u) * rows[0] + rows[1])
+            S = S * (1 + 3 * u) + E_in
+        if per_copy_rounding and copies > 1:
+            E = partials_error(S, copies=copies, per_copy_depth=per_copy, acc=acc, out=out)
+            E = E + dot_error(S, depth=extra_depth + 1, acc=acc, out=out) if extra_depth else E
+        else:
+            E = dot_error(S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
+        return E + E_in + relative * S, overflow_possible(S, acc, depth)
+
+    return tolerance
+
+
+def _alpha_depth(alpha: float | complex) -> int:
+    """Roundings a multiply by alpha adds: none for +-1, two for a complex alpha."""
+    if alpha in (1, -1):
+        return 0
+    return 2 if isinstance(alpha, complex) and alpha.imag and alpha.real else 1
+
+
+def matmul(A: Any, B: Any, *, model: ErrorModel = DEFAULT) -> Result:
+    """The exact ``A @ B`` with ``torch.matmul``'s semantics, rounded once.
+
+    >>> import exactref as er
+    >>> er.matmul([[1.0, 2.0]], [[3.0], [4.0]]).rounded.tolist()
+    [[11.0]]
+    """
+    model = check_model(model)
+    (a, b), fmt = _read_operands("matmul", A=A, B=B)
+    return _forward("matmul", a, b, None, fmt, 1.0, 0.0, model)
+
+
+def gemm(A: Any, B: Any, C: Any, *, alpha: float | complex = 1, beta: float | complex = 1,
+         model: ErrorModel = DEFAULT) -> Result:
+    """The exact ``beta * C + alpha * (A @ B)``, rounded once, with ``torch.addmm``'s conventions.
+
+    C broadcasts to the product's shape.  ``beta == 0`` ignores C entirely
+    (its NaNs do not propagate) and ``alpha == 0`` does not compute A @ B.
+
+    >>> import exactref as er
+    >>> er.gemm([[1.0]], [[2.0]], [[0.5]], alpha=3, beta=2).rounded.tolist()
+    [[7.0]]
+    """
+    model = check_model(model)
+    (a, b, c), fmt = _read_operands("gemm", A=A, B=B, C=C)
+    alpha = read_coefficient(alpha, "alpha", fmt, "gemm")
+    beta = read_coefficient(beta, "beta", fmt, "gemm")
+    return _forward("gemm", a, b, c, fmt, alpha, beta, model)
+
+
+def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | ComplexFormat,
+             alpha: float | complex, beta: float | complex, model: ErrorModel) -> Result:
+    a2s, b2s, batch, out_shape = _shapes(a.shape, b.shape, op)
+    shape2 = batch + (a2s[-2], b2s[-1])
+    check_size(op, int(np.prod(shape2, dtype=np.int64)) * 8 + a.array.size + b.array.size, "the product")
+    A2 = values_of(a, fmt).reshape(a2s)
+    B2 = values_of(b, fmt).reshape(b2s)
+    fin = part_of(fmt)
+    use_ab = c is None or alpha != 0
+    use_c = c is not None and beta != 0
+    arrays = []
+    if use_c:
+        try:
+            Cv = np.broadcast_to(values_of(c, fmt), out_shape).reshape(shape2)
+        except ValueError:
+            raise ValueError(f"{op}: C has shape {c.shape}, which does not broadcast to the product's "
+                             f"shape {out_shape}") from None
+        arrays.append(Cv)
+    if use_ab:
+        arrays += [A2, B2]
+
+    def terms(finite: bool) -> list[list[Term]]:
+        z = zero_nonfinite if finite else (lambda x: x)
+        parts = [[] for _ in range(2 if fmt.is_complex else 1)]
+        if use_ab:
+            for p, t in enumerate(_product_terms(z(A2), z(B2), alpha, fmt, drop_zero=c is not None)):
+                parts[p] += t
+        if use_c:
+            for p, t in enumerate(_array_terms(z(Cv), beta, fmt, drop_zero=True)):
+                parts[p] += t
+        return parts
+
+    exact_terms, special_terms = _both(terms, *arrays)
+    n = a2s[-1] * (2 if fmt.is_complex else 1) if use_ab else 1
+    extra = (_alpha_depth(alpha) if use_ab and c is not None else 0) + (1 if use_c and use_ab else 0)
+    acc = accumulation_format(model, fin)
+    rel = (scalar_relative_error(alpha, acc) if use_ab and c is not None else 0.0)
+    rel += scalar_relative_error(beta, acc) if use_c else 0.0
+    rows = None
+    if use_ab and matmul_input_format(model, fin) is not None:
+        rows = (np.sum(np.abs(A2), axis=-1, keepdims=True), np.sum(np.abs(B2), axis=-2, keepdims=True))
+    tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, rows=rows)
+    specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
+
+    def backward(grad: Any) -> Gradients:
+        return _backward(op, a, b, c, grad, fmt, alpha, beta, model)
+
+    return build(op, fmt, shape2, specs, model, out_shape=out_shape, backward=backward)
+
+
+def _fold(X: np.ndarray, Y: np.ndarray, own: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Fold the broadcast copies of an operand with batch shape ``own`` into the contraction.
+
+    X (batch..., M, L) and Y (batch..., L, K) are broadcast to the full batch
+    shape.  Returns X' (keep..., M, copies*L) and Y' (keep..., copies*L, K)
+    whose product, reshaped to ``own + (M, K)``, sums the per-copy products.
+    """
+    full = X.shape[:-2]
+    nb = len(full)
+    padded = (1,) * (nb - len(own)) + tuple(own)
+    reduce_axes = [i for i in range(nb) if padded[i] == 1 and full[i] != 1]
+    keep = [i for i in range(nb) if i not in reduce_axes]
+    copies = int(np.prod([full[i] for i in reduce_axes], dtype=np.int64)) if reduce_axes else 1
+    keep_shape = tuple(full[i] for i in keep)
+    M, L, K = X.shape[-2], X.shape[-1], Y.shape[-1]
+    Xp = np.transpose(X, keep + [nb] + reduce_axes + [nb + 1]).reshape(keep_shape + (M, copies * L))
+    Yp = np.transpose(Y, keep + reduce_axes + [nb, nb + 1]).reshape(keep_shape + (copies * L, K))
+    return Xp, Yp, copies
+
+
+def _mT(x: np.ndarray) -> np.ndarray:
+    return np.swapaxes(x, -1, -2)
+
+
+def _backward(op: str, a: Operand, b: Operand, c: Operand | None, grad: Any, fmt: Format | ComplexFormat,
+              alpha: float | complex, beta: float | complex, model: ErrorModel) -> Gradients:
+    a2s, b2s, batch, out_shape = _shapes(a.shape, b.shape, op)
+    shape2 = batch + (a2s[-2], b2s[-1])
+    G_out = read_grad(grad, fmt, out_shape, op)
+    G = np.broadcast_to(G_out.reshape(shape2), shape2)
+    A2 = np.broadcast_to(values_of(a, fmt).reshape(a2s), batch + a2s[-2:])
+    B2 = np.broadcast_to(values_of(b, fmt).reshape(b2s), batch + b2s[-2:])
+    both_batched = len(a.shape) >= 3 and len(b.shape) >= 3
+    conj_alpha = alpha.conjugate() if isinstance(alpha, complex) else alpha
+    results = {
+        "grad_A": _grad_product(op, "grad_A", G, np.conj(_mT(B2)), a2s[:-2], conj_alpha, fmt, a.shape,
+                                model, both_batched),
+        "grad_B": _grad_product(op, "grad_B", np.conj(_mT(A2)), G, b2s[:-2], conj_alpha, fmt, b.shape,
+                                model, both_batched),
+    }
+    if c is not None:
+        conj_beta = beta.conjugate() if isinstance(beta, complex) else beta
+        results["grad_C"] = _grad_scaled_sum(op, G_out, c.shape, conj_beta, fmt, model)
+    return Gradients(f"{op}.backward", results)
+
+
+def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[int, ...],
+                  coef: float | complex, fmt: Format | ComplexFormat, shape: tuple[int, ...],
+                  model: ErrorModel, both_batched: bool) -> Result:
+    Xf, Yf, copies = _fold(X, Y, own)
+    check_size(op, Xf.size + Yf.size, f"{name}")
+    fin = part_of(fmt)
+
+    def terms(finite: bool) -> list[list[Term]]:
+        z = zero_nonfinite if finite else (lambda v: v)
+        return _product_terms(z(Xf), z(Yf), coef, fmt, drop_zero=False)
+
+    exact_terms, special_terms = _both(terms, Xf, Yf)
+    n = Xf.shape[-1] * (2 if fmt.is_complex else 1)
+    rounded_partials = model.autograd_roundings and both_batched and copies > 1
+    extra = _alpha_depth(coef)
+    rel = scalar_relative_error(coef, opmath_format(fin))
+    if model.autograd_roundings and coef not in (1, -1):
+        # addmm's backward rounds grad @ B^H to the output format, then multiplies by alpha.
+        extra += 1
+        rel += fin.unit_roundoff * 1.01
+    tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, copies=copies,
+                     per_copy_rounding=rounded_partials)
+    specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
+    return build(f"{op}.backward {name}", fmt, Xf.shape[:-2] + (Xf.shape[-2], Yf.shape[-1]), specs, model,
+                 out_shape=shape)
+
+
+def _grad_scaled_sum(op: str, G: np.ndarray, shape: tuple[int, ...], coef: float | complex,
+                     fmt: Format | ComplexFormat, model: ErrorModel) -> Result:
+    """``coef * grad`` summed over the broadcast copies of an operand of ``shape`` (gemm's grad_C)."""
+    folded = fold_copies(G, shape)
+    copies = folded.shape[-1]
+    fin = part_of(fmt)
+    narrow = 2 * fin.p <= 53
+
+    def terms(finite: bool) -> list[list[Term]]:
+        v = zero_nonfinite(folded) if finite else folded
+        values = [v.real, v.imag] if fmt.is_complex else [v]
+        makers = [lambda k, w=w: RowTerm(k, w, None, narrow) for w in values]
+        return [scaled(coef, makers, p, drop_zero=False) for p in range(len(values))]
+
+    exact_terms, special_terms = _both(terms, folded)
+    acc = accumulation_format(model, fin)
+    extra = _alpha_depth(coef)
+    rel = scalar_relative_error(coef, opmath_format(fin))
+    per_copy = model.autograd_roundings and copies > 1 and extra > 0
+
+    def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
+        if per_copy:
+            E = partials_error(sol.S, copies=copies, per_copy_depth=extra, acc=acc, out=fin)
+        else:
+            E = dot_error(sol.S, depth=copies - 1 + extra, acc=acc, out=fin)
+        return E + rel * sol.S, overflow_possible(sol.S, acc, copies)
+
+    specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
+    return build(f"{op}.backward grad_C", fmt, tuple(shape), specs, model)
+
+
+matmul = Op("matmul", matmul, lambda A, B, grad, *, model=DEFAULT: _matmul_backward(A, B, grad, model))
+gemm = Op("gemm", gemm,
+          lambda A, B, C, grad, *, alpha=1, beta=1, model=DEFAULT: _gemm_backward(A, B, C, grad, alpha, beta, model))
+
+
+def _matmul_backward(A: Any, B: Any, grad: Any, model: ErrorModel) -> Gradients:
+    model = check_model(model)
+    (a, b), fmt = _read_operands("matmul", A=A, B=B)
+    return _backward("matmul", a, b, None, grad, fmt, 1.0, 0.0, model)
+
+
+def _gemm_backward(A: Any, B: Any, C: Any, grad: Any, alpha: Any, beta: Any, model: ErrorModel) -> Gradients:
+    model = check_model(model)
+    (a, b, c), fmt = _read_operands("gemm", A=A, B=B, C=C)
+    alpha = read_coefficient(alpha, "alpha", fmt, "gemm")
+    beta = read_coefficient(beta, "beta", fmt, "gemm")
+    return _backward("gemm", a, b, c, grad, fmt, alpha, beta, model)

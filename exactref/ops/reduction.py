@@ -1,0 +1,132 @@
+"""sum: forward, backward, tolerance and normal answer.
+
+``torch.sum`` on the CPU is a cascade sum accumulated in float32 for float16
+and bfloat16.  A full reduction of at least ``GRAIN_SIZE`` elements may run on
+several threads, each rounding its partial sum to the output dtype before
+the partials are added; the tolerance budgets that rounding for half types.
+
+The gradient puts, at every element of x, the gradient of the output it was
+summed into: a copy, exact, so its tolerance is zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._convert import operand, values_of
+from ..engine.sumprod import RowTerm, Solution, Term
+from ..formats import part_of
+from ..models import DEFAULT, ErrorModel, accumulation_format, check_model, dot_error, overflow_possible
+from ..engine.fast import up
+from ..result import Gradients, Result
+from ._common import Op, PartSpec, build, check_size, read_grad, zero_nonfinite
+
+__all__ = ["sum"]
+
+# at::internal::GRAIN_SIZE: below it a reduction runs on one thread.
+GRAIN_SIZE = 32768
+
+
+def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    items = (axis,) if isinstance(axis, (int, np.integer)) else axis
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise TypeError(f"sum: axis={axis!r} must be None, an int or a tuple of ints") from None
+    out = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TypeError(f"sum: axis={axis!r} must be None, an int or a tuple of ints")
+        if not -max(ndim, 1) <= a < max(ndim, 1):
+            raise ValueError(f"sum: axis={axis!r} is out of range for x with {ndim} dimensions")
+        out.append(int(a) % max(ndim, 1))
+    if len(set(out)) != len(out):
+        raise ValueError(f"sum: axis={axis!r} repeats a dimension")
+    return tuple(sorted(set(out))) if ndim else ()
+
+
+def _reduce(x: Any, axis: Any, keepdims: bool) -> tuple:
+    o = operand(x, "x")
+    if o.tier == 0:
+        raise TypeError(f"sum: x={x!r} must be an array, not a Python scalar")
+    if not isinstance(keepdims, (bool, np.bool_)):
+        raise TypeError(f"sum: keepdims={keepdims!r} must be a bool")
+    axes = _axes(axis, o.array.ndim)
+    keep = [i for i in range(o.array.ndim) if i not in axes]
+    out_shape = tuple(1 if i in axes else n for i, n in enumerate(o.shape)) if keepdims else \
+        tuple(o.shape[i] for i in keep)
+    return o, axes, keep, out_shape
+
+
+def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = False,  # noqa: A001
+        model: ErrorModel = DEFAULT) -> Result:
+    """The exact sum of ``x`` over ``axis`` (all axes by default), rounded once.
+
+    >>> import exactref as er
+    >>> er.sum([[1.0, 2.0], [3.0, 4.0]], axis=0).rounded.tolist()
+    [4.0, 6.0]
+    """
+    model = check_model(model)
+    o, axes, keep, out_shape = _reduce(x, axis, keepdims)
+    check_size("sum", o.array.size * 2, "x")
+    fmt = o.fmt
+    pfmt = part_of(fmt)
+    V = values_of(o, fmt)
+    moved = np.transpose(V, keep + list(axes)).reshape(tuple(o.shape[i] for i in keep) + (-1,))
+    n = moved.shape[-1]
+    narrow = 2 * pfmt.p <= 53
+    values = [moved.real, moved.imag] if fmt.is_complex else [moved]
+
+    def terms(finite: bool) -> list[list[Term]]:
+        return [[RowTerm(1.0, zero_nonfinite(v) if finite else v, None, narrow)] for v in values]
+
+    special = None if np.isfinite(moved).all() else terms(False)
+    acc = accumulation_format(model, pfmt)
+    threaded = pfmt.p < acc.p and o.array.size >= GRAIN_SIZE
+
+    def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
+        E = dot_error(sol.S, depth=n - 1, acc=acc, out=pfmt)
+        if threaded:
+            E = up(E + pfmt.unit_roundoff * (sol.S + E) * 2 + n * pfmt.min_subnormal)
+        return E, overflow_possible(sol.S, acc, n)
+
+    specs = [PartSpec(t, special[p] if special else None, tol) for p, t in enumerate(terms(True))]
+
+    def backward(grad: Any) -> Gradients:
+        return _backward(o, axes, out_shape, grad, model)
+
+    return build("sum", fmt, moved.shape[:-1], specs, model, out_shape=out_shape, backward=backward)
+
+
+def _backward(o: Any, axes: tuple[int, ...], out_shape: tuple[int, ...], grad: Any, model: ErrorModel) -> Gradients:
+    fmt = o.fmt
+    G = read_grad(grad, fmt, out_shape, "sum")
+    expanded = np.broadcast_to(np.expand_dims(G, axes) if len(out_shape) < o.array.ndim else G, o.shape)
+    narrow = 2 * part_of(fmt).p <= 53
+    values = [expanded.real, expanded.imag] if fmt.is_complex else [expanded]
+
+    def terms(finite: bool) -> list[list[Term]]:
+        return [[RowTerm(1.0, (zero_nonfinite(v) if finite else v)[..., None], None, narrow)] for v in values]
+
+    special = None if np.isfinite(expanded).all() else terms(False)
+
+    def tol(sol: Solution) -> tuple[np.ndarray, None]:
+        return np.zeros(sol.S.shape), None
+
+    specs = [PartSpec(t, special[p] if special else None, tol) for p, t in enumerate(terms(True))]
+    res = build("sum.backward grad_x", fmt, tuple(o.shape), specs, model)
+    return Gradients("sum.backward", {"grad_x": res})
+
+
+def _sum_backward(x: Any, grad: Any, *, axis: Any = None, keepdims: bool = False,
+                  model: ErrorModel = DEFAULT) -> Gradients:
+    model = check_model(model)
+    o, axes, keep, out_shape = _reduce(x, axis, keepdims)
+    return _backward(o, axes, out_shape, grad, model)
+
+
+sum = Op("sum", sum, _sum_backward)  # noqa: A001

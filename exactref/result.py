@@ -1,0 +1,286 @@
+"""Result (one output judged against its exact value) and Gradients (several, by name).
+
+Each real part of an output carries, per element:
+
+* ``x_lo <= exact <= x_hi``: float64 bounds on the exact value (equal when
+  the exact value is a float64; NaN where it does not exist because an input
+  is NaN or infinite);
+* the acceptance interval ``[lo, hi]``: the roundings to the output format of
+  ``exact - E`` and ``exact + E``, where E bounds the error a correct
+  implementation makes before its final rounding.  A correct implementation
+  returns the rounding of some value in ``[exact - E, exact + E]``, and
+  rounding is monotonic, so its output lies in ``[lo, hi]``;
+* ``nan_ok``: NaN is the required answer (the normal answer is NaN);
+* ``special_ok``: the error model cannot exclude an overflow of a partial
+  result, so +-inf and NaN are accepted as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _report
+from ._convert import _plain
+from .errors import OutOfToleranceError, ShapeMismatchError, SpecialValueError
+from .formats import ComplexFormat, Format, part_of
+from .rounding import next_down, next_up, round_float64, to_dtype
+
+__all__ = ["Gradients", "Part", "Result", "judge"]
+
+
+@dataclass
+class Part:
+    """The judgement of one real part of an output; every array has the output's shape."""
+
+    rounded: np.ndarray
+    x_lo: np.ndarray
+    x_hi: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    nan_ok: np.ndarray
+    special_ok: np.ndarray
+    tolerance: np.ndarray
+
+    def covers(self, got: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            inside = (self.lo <= got) & (got <= self.hi)
+        return inside | (np.isnan(got) & (self.nan_ok | self.special_ok)) | (np.isinf(got) & self.special_ok)
+
+
+def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray | float, fmt: Format, *,
+          special: np.ndarray | None = None, overflow: np.ndarray | None = None) -> Part:
+    """Build a :class:`Part` from the rounded exact values, bounds on them and the model's error bound E.
+
+    ``special`` is float64 with NaN or +-inf where the normal answer is that
+    special value because of a non-finite input (0 elsewhere); ``overflow``
+    marks elements whose partial results may overflow under the model.
+    """
+    E = np.broadcast_to(np.asarray(E, dtype=np.float64), rounded.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact_needed = E == 0
+        lo = np.where(exact_needed, rounded, round_float64(next_down(x_lo - E), fmt))
+        hi = np.where(exact_needed, rounded, round_float64(next_up(x_hi + E), fmt))
+        tol = next_up(np.maximum(x_hi - lo, hi - x_lo))
+    special_ok = np.zeros(rounded.shape, dtype=bool) if overflow is None else np.asarray(overflow).copy()
+    nan_ok = np.zeros(rounded.shape, dtype=bool)
+    tol = np.where(special_ok, np.inf, tol)
+    if special is not None:
+        mask = special != 0
+        if mask.any():
+            nan = np.isnan(special)
+            rounded = np.where(mask, special, rounded)
+            lo = np.where(mask, np.where(nan, np.inf, special), lo)
+            hi = np.where(mask, np.where(nan, -np.inf, special), hi)
+            x_lo = np.where(mask, np.nan, x_lo)
+            x_hi = np.where(mask, np.nan, x_hi)
+            tol = np.where(mask, 0.0, tol)
+            nan_ok = nan
+            special_ok &= ~mask
+    return Part(rounded, x_lo, x_hi, lo, hi, nan_ok, special_ok, tol)
+
+
+class Result:
+    """One output judged against its exact value.
+
+    Attributes
+    ----------
+    rounded : numpy.ndarray
+        The exact value rounded once to the output format (the normal
+        answer's special value where an input is NaN or infinite).
+    tolerance : numpy.ndarray
+        float64 bounds on ``|implementation - exact|`` for every element.
+    normal : numpy.ndarray or None
+        The normal answer, which fixes NaN and infinities; None for an op
+        without a canonical evaluation.
+    """
+
+    def __init__(self, *, op: str, fmt: Format | ComplexFormat, parts: list[Part], model: Any,
+                 exact: Callable[[tuple[int, ...]], Any], has_normal: bool = True,
+                 backward: Callable[[Any], Gradients] | None = None, no_backward: str = "") -> None:
+        self.op = op
+        self.format = fmt
+        self.model = model
+        self._parts = parts
+        self._exact = exact
+        self._backward = backward
+        self._no_backward = no_backward or f"{op} has no backward"
+        values = parts[0].rounded if len(parts) == 1 else parts[0].rounded + 1j * parts[1].rounded
+        self.rounded: np.ndarray = to_dtype(values, fmt)
+        if len(parts) == 1:
+            self.tolerance: np.ndarray = parts[0].tolerance
+        else:
+            with np.errstate(over="ignore"):
+                self.tolerance = next_up(np.hypot(parts[0].tolerance, parts[1].tolerance))
+        self.normal: np.ndarray | None = self.rounded if has_normal else None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.rounded.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.rounded.dtype
+
+    def __repr__(self) -> str:
+        return f"<Result of {self.op}: {self.format.name} {self.shape}, model {self.model}>"
+
+    def exact(self, index: int | tuple[int, ...] = ()) -> Any:
+        """The exact value of one element: a Fraction for the rational ops (a pair for complex).
+
+        Returns None where the element has no exact value because an input
+        is NaN or infinite.
+        """
+        idx = np.unravel_index(np.ravel_multi_index(_as_index(index, self.shape), self.shape), self.shape)
+        if any(np.isnan(p.x_lo[idx]) for p in self._parts):
+            return None
+        return self._exact(tuple(int(i) for i in idx))
+
+    def _got(self, x: Any, argument: str = "x") -> np.ndarray:
+        try:
+            got = np.asarray(_plain(x))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{argument}={x!r:.60} cannot be read as an array: {exc}") from None
+        if got.shape != self.shape:
+            raise ValueError(f"{argument} has shape {got.shape} but {self.op}'s output has shape {self.shape}")
+        if got.dtype.kind not in "fciu" and got.dtype.name not in ("bfloat16",):
+            raise TypeError(f"{argument} has dtype {got.dtype}, which is not a number format")
+        if got.dtype.kind == "c" and not self.format.is_complex:
+            raise TypeError(f"{argument} is complex but {self.op}'s output format {self.format} is real")
+        return got.astype(np.complex128 if self.format.is_complex else np.float64)
+
+    def _covers_parts(self, got: np.ndarray) -> list[np.ndarray]:
+        if len(self._parts) == 1:
+            return [self._parts[0].covers(got)]
+        return [self._parts[0].covers(got.real), self._parts[1].covers(got.imag)]
+
+    def covers(self, x: Any) -> np.ndarray:
+        """A bool array of the output's shape: True where ``x`` is acceptable.
+
+        ``x`` is a torch tensor (any device), a numpy array or a list.
+        """
+        ok = self._covers_parts(self._got(x))
+        return ok[0] if len(ok) == 1 else ok[0] & ok[1]
+
+    def check(self, x: Any, *, worst: int = 5) -> None:
+        """Raise a :class:`MismatchError` explaining the worst elements unless ``x`` is covered."""
+        __tracebackhide__ = True
+        try:
+            got = self._got(x)
+        except ValueError as exc:
+            raise ShapeMismatchError(str(exc), op=self.op) from None
+        ok = self._covers_parts(got)
+        if all(o.all() for o in ok):
+            return
+        text, indices, special = _report.mismatch_report(self, got, ok, worst)
+        kind = SpecialValueError if special else OutOfToleranceError
+        raise kind(text, op=self.op, indices=indices)
+
+    def backward(self, grad: Any) -> Gradients:
+        """The gradients of this op's inputs for the output gradient ``grad``."""
+        if self._backward is None:
+            raise TypeError(self._no_backward)
+        return self._backward(grad)
+
+
+def _as_index(index: int | tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    idx = (index,) if isinstance(index, (int, np.integer)) else tuple(index)
+    if len(idx) != len(shape) or any(not -n <= i < n for i, n in zip(idx, shape)):
+        raise IndexError(f"index={index!r} is not an element of an output of shape {shape}")
+    return tuple(i % n for i, n in zip(idx, shape))
+
+
+class _Names:
+    """Attribute access to one field of every gradient: ``g.rounded.grad_A``."""
+
+    def __init__(self, grads: Gradients, field: str) -> None:
+        self._grads = grads
+        self._field = field
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return getattr(self._grads[name], self._field)
+        except KeyError as exc:
+            raise AttributeError(exc.args[0]) from None
+
+    def __dir__(self) -> list[str]:
+        return list(self._grads)
+
+    def __repr__(self) -> str:
+        return f"<{self._field} of {', '.join(self._grads)}>"
+
+
+class Gradients(Mapping[str, Result]):
+    """The gradients of a backward, by name (``"grad_" + parameter name``), each a :class:`Result`."""
+
+    def __init__(self, op: str, results: dict[str, Result], absent: dict[str, str] | None = None) -> None:
+        self.op = op
+        self._results = results
+        self._absent = absent or {}
+
+    def __getitem__(self, name: str) -> Result:
+        if name in self._results:
+            return self._results[name]
+        if name in self._absent:
+            raise KeyError(f"{name}: {self._absent[name]}")
+        raise KeyError(f"{name}: {self.op}.backward has no gradient of that name; "
+                       f"it has {', '.join(self._results) or 'none'}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._results)
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def __repr__(self) -> str:
+        return f"<Gradients of {self.op}: {', '.join(self._results)}>"
+
+    @property
+    def rounded(self) -> _Names:
+        """The rounded gradients as attributes: ``g.rounded.grad_A``."""
+        return _Names(self, "rounded")
+
+    @property
+    def tolerance(self) -> _Names:
+        return _Names(self, "tolerance")
+
+    @property
+    def normal(self) -> _Names:
+        return _Names(self, "normal")
+
+    def _named(self, got: dict[str, Any]) -> dict[str, Any]:
+        if not got:
+            raise TypeError(f"pass the gradients to judge by name, e.g. {next(iter(self._results), 'grad_x')}=...")
+        for name in got:
+            self[name]  # raises a KeyError naming the problem
+        return got
+
+    def covers(self, **got: Any) -> dict[str, np.ndarray]:
+        """For each gradient passed by name, the bool array of :meth:`Result.covers`."""
+        return {name: self[name].covers(x) for name, x in self._named(got).items()}
+
+    def check(self, **got: Any) -> None:
+        """Check each gradient passed by name; raise one :class:`MismatchError` listing every failure."""
+        __tracebackhide__ = True
+        failures = []
+        for name, x in self._named(got).items():
+            try:
+                self[name].check(x)
+            except (OutOfToleranceError, SpecialValueError, ShapeMismatchError) as exc:
+                failures.append(exc)
+        if not failures:
+            return
+        if len(failures) == 1:
+            raise failures[0]
+        first = failures[0]
+        text = "\n\n".join(str(f) for f in failures)
+        raise type(first)(text, op=first.op, indices=first.indices)
+
+
+def part_format(fmt: Format | ComplexFormat) -> Format:
+    return part_of(fmt)

@@ -1,0 +1,164 @@
+"""Correct rounding into a format, and deciding a rounding from an enclosure.
+
+Rounding is to nearest, ties to even, with gradual underflow; a result whose
+magnitude reaches the format's overflow threshold becomes the format's
+overflow value (inf, or NaN for a finite-only format).
+
+Two kinds of input are rounded here:
+
+* float64 arrays holding *exact* values (:func:`round_float64`), vectorised;
+* exact dyadic rationals ``n * 2**e`` with Python integers
+  (:func:`round_dyadic`), one at a time, for the elements the fast path could
+  not decide.
+
+:func:`decide` takes an enclosure ``hi + lo +- rad`` of exact values and says,
+element by element, whether every point of it rounds to the same value, and
+to which.  An enclosure that contains zero, or a point of each sign, is never
+decided: the sign of a zero result matters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .formats import ComplexFormat, Format
+
+__all__ = [
+    "decide",
+    "next_down",
+    "next_up",
+    "round_dyadic",
+    "round_float64",
+    "to_dtype",
+]
+
+_NEG_INF = -np.inf
+_POS_INF = np.inf
+
+
+def next_down(x: np.ndarray) -> np.ndarray:
+    """The largest float64 below ``x``: a lower bound for a value ``x`` approximates to nearest."""
+    return np.nextafter(x, _NEG_INF)
+
+
+def next_up(x: np.ndarray) -> np.ndarray:
+    return np.nextafter(x, _POS_INF)
+
+
+def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
+    """Round float64 values, taken as exact, to ``fmt``; the result is float64.
+
+    NaN and infinities pass through (an infinity becomes NaN in a format
+    without infinities).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if fmt.p == 53 and fmt.emin == -1022:
+        return x.copy()
+    if fmt.name == "float32":
+        # IEEE conversion float64 -> float32 is a single correct rounding.
+        with np.errstate(over="ignore"):
+            return x.astype(np.float32).astype(np.float64)
+    # Quantum (ulp) exponent of each element: max(exponent, emin) - (p - 1).
+    _, ex = np.frexp(x)
+    q = np.maximum(ex - 1, fmt.emin) - (fmt.p - 1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = np.ldexp(np.rint(np.ldexp(x, -q)), q)
+        overflow = np.abs(r) > fmt.max_finite
+    if overflow.any():
+        r = np.where(overflow, np.copysign(fmt.overflow_value, x), r)
+    if not fmt.has_inf:
+        r = np.where(np.isinf(x), np.nan, r)
+    return np.where(np.isfinite(x), r, x) if fmt.has_inf else r
+
+
+def to_dtype(x: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
+    """Store float64 (or complex128) values that ``fmt`` represents exactly in ``fmt``'s dtype."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x).astype(fmt.dtype)
+
+
+def round_dyadic(n: int, e: int, fmt: Format, *, negative_zero: bool = False) -> float:
+    """Round the exact value ``n * 2**e`` to ``fmt`` and return it as a float.
+
+    ``negative_zero`` gives the sign of an exact zero.
+    """
+    if n == 0:
+        return -0.0 if negative_zero else 0.0
+    sign = -1 if n < 0 else 1
+    m = abs(n)
+    top = m.bit_length() - 1 + e  # value lies in [2**top, 2**(top+1))
+    q = max(top, fmt.emin) - (fmt.p - 1)
+    shift = q - e
+    if shift > 0:
+        rest = m & ((1 << shift) - 1)
+        m >>= shift
+        half = 1 << (shift - 1)
+        if rest > half or (rest == half and m & 1):
+            m += 1
+    else:
+        m <<= -shift
+        q = e
+    if m.bit_length() + q - 1 > fmt.emax or (m > 0 and math.ldexp(m, q) > fmt.max_finite):
+        return sign * fmt.overflow_value
+    return math.ldexp(sign * m, q)
+
+
+def round_dyadic_down_up(n: int, e: int) -> tuple[float, float]:
+    """float64 bounds ``(lo, hi)`` with ``lo <= n * 2**e <= hi``, equal when exact."""
+    if n == 0:
+        return 0.0, 0.0
+    m = abs(n)
+    top = m.bit_length() - 1 + e
+    q = max(top, -1022) - 52
+    shift = q - e
+    exact = shift <= 0 or (m & ((1 << shift) - 1)) == 0
+    mag = math.ldexp(m >> shift, q) if shift > 0 else math.ldexp(m, e)
+    if top > 1023:
+        mag_lo, mag_hi = np.finfo(np.float64).max, math.inf
+    elif exact:
+        mag_lo = mag_hi = mag
+    else:
+        mag_lo, mag_hi = mag, math.nextafter(mag, math.inf)
+    return (mag_lo, mag_hi) if n > 0 else (-mag_hi, -mag_lo)
+
+
+def decide(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    """Decide the rounding of exact values known to lie in ``hi + lo +- rad``.
+
+    ``hi``, ``lo`` and ``rad`` are float64 arrays; ``rad`` may be inf.  Returns
+    ``(rounded, decided)``: the rounding to ``fmt`` (as float64) where
+    ``decided`` is True, and garbage elsewhere.
+    """
+    if fmt.p > 51:
+        return _decide_double(hi, lo, rad, fmt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        low = next_down(hi + next_down(lo - rad))
+        high = next_up(hi + next_up(lo + rad))
+    r_low = round_float64(low, fmt)
+    r_high = round_float64(high, fmt)
+    decided = (r_low == r_high) & (np.signbit(r_low) == np.signbit(r_high))
+    # An enclosure touching zero is never decided, even if both ends round to zero.
+    decided &= (low > 0) | (high < 0)
+    return r_high, decided
+
+
+def _decide_double(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    # Here the rounding target is float64 itself: normalise hi + lo, then the
+    # candidate s is decided when the whole enclosure stays strictly inside
+    # the half-gaps to s's neighbours.
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = hi + lo
+        z = hi - s
+        e = z + lo  # exact when |hi| >= |lo| (fast two-sum); we ensure it by checking below
+        up_gap = next_up(s) - s
+        down_gap = s - next_down(s)
+        e_high = next_up(e + rad)
+        e_low = next_down(e - rad)
+        decided = (e_high < up_gap * 0.5) & (e_low > -down_gap * 0.5)
+        decided &= np.abs(hi) >= np.abs(lo)
+        decided &= np.isfinite(s) & (np.abs(s) < fmt.max_finite) & (s != 0)
+        # Near the bottom of the format the half gaps are not representable.
+        decided &= np.abs(s) >= math.ldexp(1.0, fmt.emin + 2)
+    return s, decided
