@@ -49,9 +49,9 @@ def describe_exact(value: Any) -> str:
 def _rule(part: Part, i: int, g: float, fmt_name: str) -> str | None:
     """The special-value rule element i breaks, or None when it is a plain tolerance miss."""
     lo, hi = part.lo.flat[i], part.hi.flat[i]
-    if part.nan_ok.flat[i] and not math.isnan(g):
+    if lo > hi and not math.isnan(g):  # an empty interval: the answer is NaN
         return "the normal answer is NaN (an input is NaN, or the element meets 0*inf or inf-inf)"
-    if math.isnan(part.x_lo.flat[i]) and not part.nan_ok.flat[i]:
+    if math.isnan(part.x_lo.flat[i]):
         return f"the normal answer is {_num(lo)} (an input is infinite)"
     if math.isnan(g):
         return "NaN where the exact value is finite"

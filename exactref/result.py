@@ -10,7 +10,8 @@ Each real part of an output carries, per element:
   implementation makes before its final rounding.  A correct implementation
   returns the rounding of some value in ``[exact - E, exact + E]``, and
   rounding is monotonic, so its output lies in ``[lo, hi]``;
-* ``nan_ok``: NaN is the required answer (the normal answer is NaN);
+* ``nan_ok``: NaN is accepted (the normal answer is NaN, or in a complex element,
+  the other part meets an infinity);
 * ``special_ok``: the error model cannot exclude an overflow of a partial
   result, so +-inf and NaN are accepted as well.
 """
@@ -52,12 +53,14 @@ class Part:
 
 
 def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray | float, fmt: Format, *,
-          special: np.ndarray | None = None, overflow: np.ndarray | None = None) -> Part:
+          special: np.ndarray | None = None, overflow: np.ndarray | None = None,
+          nan_also: np.ndarray | None = None) -> Part:
     """Build a :class:`Part` from the rounded exact values, bounds on them and the model's error bound E.
 
     ``special`` is float64 with NaN or +-inf where the normal answer is that
     special value because of a non-finite input (0 elsewhere); ``overflow``
-    marks elements whose partial results may overflow under the model.
+    marks elements whose partial results may overflow under the model;
+    ``nan_also`` marks elements where NaN is accepted besides the answer.
     """
     E = np.broadcast_to(np.asarray(E, dtype=np.float64), rounded.shape)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -78,8 +81,11 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
             x_lo = np.where(mask, np.nan, x_lo)
             x_hi = np.where(mask, np.nan, x_hi)
             tol = np.where(mask, 0.0, tol)
-            nan_ok = nan
+            # An infinite answer meeting a finite part that overflows gives inf - inf.
+            nan_ok = nan | (mask & special_ok)
             special_ok &= ~mask
+    if nan_also is not None:
+        nan_ok = nan_ok | nan_also
     return Part(rounded, x_lo, x_hi, lo, hi, nan_ok, special_ok, tol)
 
 
@@ -108,8 +114,7 @@ class Result:
         self._exact = exact
         self._backward = backward
         self._no_backward = no_backward or f"{op} has no backward"
-        values = parts[0].rounded if len(parts) == 1 else parts[0].rounded + 1j * parts[1].rounded
-        self.rounded: np.ndarray = to_dtype(values, fmt)
+        self.rounded: np.ndarray = to_dtype(_join(parts), fmt)
         if len(parts) == 1:
             self.tolerance: np.ndarray = parts[0].tolerance
         else:
@@ -184,6 +189,15 @@ class Result:
         if self._backward is None:
             raise TypeError(self._no_backward)
         return self._backward(grad)
+
+
+def _join(parts: list[Part]) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0].rounded
+    # Set the parts directly: re + 1j * im would lose signs of zero and turn inf into NaN.
+    out = np.empty(parts[0].rounded.shape, dtype=np.complex128)
+    out.real, out.imag = parts[0].rounded, parts[1].rounded
+    return out
 
 
 def _as_index(index: int | tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:

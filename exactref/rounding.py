@@ -99,10 +99,10 @@ def round_dyadic(n: int, e: int, fmt: Format, *, negative_zero: bool = False) ->
             m += 1
     else:
         m <<= -shift
-        q = e
     if m.bit_length() + q - 1 > fmt.emax or (m > 0 and math.ldexp(m, q) > fmt.max_finite):
         return sign * fmt.overflow_value
-    return math.ldexp(sign * m, q)
+    # copysign keeps the sign of a nonzero value that rounds to zero.
+    return math.copysign(math.ldexp(m, q), sign)
 
 
 def round_dyadic_down_up(n: int, e: int) -> tuple[float, float]:
@@ -111,16 +111,17 @@ def round_dyadic_down_up(n: int, e: int) -> tuple[float, float]:
         return 0.0, 0.0
     m = abs(n)
     top = m.bit_length() - 1 + e
-    q = max(top, -1022) - 52
-    shift = q - e
-    exact = shift <= 0 or (m & ((1 << shift) - 1)) == 0
-    mag = math.ldexp(m >> shift, q) if shift > 0 else math.ldexp(m, e)
     if top > 1023:
-        mag_lo, mag_hi = np.finfo(np.float64).max, math.inf
-    elif exact:
-        mag_lo = mag_hi = mag
+        mag_lo, mag_hi = float(np.finfo(np.float64).max), math.inf
     else:
-        mag_lo, mag_hi = mag, math.nextafter(mag, math.inf)
+        q = max(top, -1022) - 52
+        shift = q - e
+        if shift > 0:
+            mag_lo = math.ldexp(m >> shift, q)
+            exact = (m & ((1 << shift) - 1)) == 0
+        else:
+            mag_lo, exact = math.ldexp(m, e), True
+        mag_hi = mag_lo if exact else math.nextafter(mag_lo, math.inf)
     return (mag_lo, mag_hi) if n > 0 else (-mag_hi, -mag_lo)
 
 

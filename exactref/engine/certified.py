@@ -49,6 +49,46 @@ def _dyadic(x: flint.arb) -> tuple[int, int]:
     return int(m), int(e)
 
 
+# Below 2**_TINY every value rounds to zero in every format, float64 included.
+_TINY = -1100
+# Midpoint and radius further apart than this many binades: one of them is negligible.
+_FAR = 1 << 15
+
+
+def _ends(x: flint.arb, fmt: Format) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The ends ``mid -+ rad`` of ball ``x`` as exact dyadics ``(n, e)``.
+
+    They are computed from the midpoint and radius in integer arithmetic:
+    ``x.lower()`` and ``x.upper()`` would round them to the working
+    precision, which is back at its default when the ball is decided.  A
+    mantissa is widened to more than ``fmt.p`` bits, and a magnitude below
+    2**_TINY is replaced by 2**_TINY, so that rounding it never shifts by a
+    huge amount; neither changes how an end rounds.
+    """
+    m, e = _dyadic(x.mid())
+    r, f = _dyadic(flint.arb(x.rad()))
+    top_m, top_r = e + abs(m).bit_length(), f + r.bit_length()
+    if r == 0:
+        ends = [(m, e), (m, e)]
+    elif m == 0 or top_r > top_m + _FAR:
+        # The ball contains zero either way; only the signs of its ends matter.
+        ends = [(-r, f), (r, f)]
+    else:
+        if top_m > top_r + _FAR:
+            # Widen a negligible radius to 2**(top_m - _FAR), so that the shifts stay short.
+            r, f = 1, top_m - _FAR
+        k = min(e, f)
+        c, w = m << (e - k), r << (f - k)
+        ends = [(c - w, k), (c + w, k)]
+    out = []
+    for n, ex in ends:
+        if n and abs(n).bit_length() + ex < _TINY:
+            n, ex = (1 if n > 0 else -1), _TINY
+        widen = max(0, fmt.p + 1 - abs(n).bit_length()) if n else 0
+        out.append((n << widen, ex - widen))
+    return out[0], out[1]
+
+
 def decide_ball(x: flint.arb, fmt: Format) -> Decision | None:
     """The rounding of every point of ball ``x`` to ``fmt`` with float64 bounds, or None if they differ.
 
@@ -59,8 +99,7 @@ def decide_ball(x: flint.arb, fmt: Format) -> Decision | None:
         return None
     if x.is_zero() and x.is_exact():
         return 0.0, 0.0, 0.0
-    lo_n, lo_e = _dyadic(x.lower())
-    hi_n, hi_e = _dyadic(x.upper())
+    (lo_n, lo_e), (hi_n, hi_e) = _ends(x, fmt)
     if (lo_n <= 0 <= hi_n) or (lo_n >= 0 >= hi_n):
         return None
     r_lo = round_dyadic(lo_n, lo_e, fmt)

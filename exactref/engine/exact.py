@@ -53,7 +53,7 @@ def _products_exact(x: np.ndarray, y: np.ndarray, p: np.ndarray) -> bool:
         if not np.array_equal(frac, np.trunc(frac)):
             return False
     tiny = (np.abs(p) < 2.0 ** -1022) & (x != 0) & (y != 0)
-    return not tiny.any()
+    return not tiny.any() and bool(np.isfinite(p).all())
 
 
 def exact_dot_rows(x: np.ndarray, y: np.ndarray | None = None) -> list[tuple[int, int]]:
@@ -68,7 +68,8 @@ def exact_dot_rows(x: np.ndarray, y: np.ndarray | None = None) -> list[tuple[int
         m, e = _int_parts(x)
     else:
         y = np.asarray(y, dtype=np.float64)
-        p = x * y
+        with np.errstate(over="ignore", under="ignore"):
+            p = x * y
         if _products_exact(x, y, p):
             m, e = _int_parts(p)
         else:

@@ -58,8 +58,10 @@ class MatmulTerm:
         a_batch = _batch_index(batch, self.A.shape[:-2], len(shape) - 2)
         b_batch = _batch_index(batch, self.B.shape[:-2], len(shape) - 2)
         X = self.A[a_batch + (i, slice(None))]
-        Y = self.B[b_batch + (slice(None), j)]
-        return X.reshape(idx.size, -1), Y.reshape(idx.size, -1)
+        # Index B's columns through its transpose so that the advanced indices stay adjacent.
+        Y = np.swapaxes(self.B, -1, -2)[b_batch + (j, slice(None))]
+        K = self.A.shape[-1]
+        return X.reshape(idx.size, K), Y.reshape(idx.size, K)
 
     def special(self) -> np.ndarray:
         return _sign_class(self.A) @ _sign_class(self.B)
@@ -93,8 +95,9 @@ class RowTerm:
 
     def gather(self, idx: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray | None]:
         full = self.shape_with(shape)
-        X = np.broadcast_to(self.X, full).reshape(-1, full[-1])[idx]
-        Y = None if self.Y is None else np.broadcast_to(self.Y, full).reshape(-1, full[-1])[idx]
+        rows = (int(np.prod(shape, dtype=np.int64)), full[-1])
+        X = np.broadcast_to(self.X, full).reshape(rows)[idx]
+        Y = None if self.Y is None else np.broadcast_to(self.Y, full).reshape(rows)[idx]
         return X, Y
 
     def special(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -137,6 +140,9 @@ def _enclose(term: Term, shape: tuple[int, ...]) -> fast.Enclosure:
 
 def enclose(terms: list[Term], shape: tuple[int, ...]) -> fast.Enclosure:
     """The fast-path enclosure of ``sum(coef * term)`` and the bound S on sum|coef * products|."""
+    # A term with a zero coefficient is exactly zero (its inputs are finite here),
+    # and enclosing it could only bring 0 * inf into the bounds.
+    terms = [t for t in terms if t.coef != 0]
     if not terms:
         z = np.zeros(shape)
         return fast.Enclosure(z, z.copy(), z.copy(), z.copy())

@@ -41,6 +41,9 @@ def scaled(coef: float | complex, parts: list[Callable[[float], Term]], p: int, 
     for alpha or beta of zero; otherwise it stays, so that 0 * inf gives NaN
     as PyTorch's elementwise kernels do.
     """
+    if coef == 1:
+        # PyTorch skips the multiply by a coefficient of one (autograd's maybe_multiply, BLAS's alpha).
+        return [parts[p](1.0)]
     if len(parts) == 1:
         c = coef.real if isinstance(coef, complex) else coef
         combos = [(float(c), 0)]

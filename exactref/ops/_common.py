@@ -90,6 +90,11 @@ def copies_of(shape: tuple[int, ...], full: tuple[int, ...]) -> int:
 
 
 def zero_nonfinite(x: np.ndarray) -> np.ndarray:
+    """x with NaN and inf replaced by 0, part by part for complex values."""
+    if np.iscomplexobj(x):
+        out = np.empty(x.shape, dtype=x.dtype)
+        out.real, out.imag = zero_nonfinite(x.real), zero_nonfinite(x.imag)
+        return out
     return np.where(np.isfinite(x), x, 0.0)
 
 
@@ -136,13 +141,20 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
     """
     out_shape = shape if out_shape is None else out_shape
     pfmt = part_of(fmt)
-    parts: list[Part] = []
+    solved = []
     for ps in specs:
         sol = solve(ps.terms, shape, pfmt)
         E, overflow = ps.tolerance(sol)
-        E = np.where(E > 0, E * _SLACK, E)
+        # A bound that overflowed (inf * 0 in a formula) means no bound at all.
+        E = np.where(np.isnan(E), np.inf, np.where(E > 0, E * _SLACK, E))
         special = specials(ps.special_terms, shape) if ps.special_terms is not None else None
-        part = judge(sol.rounded, sol.x_lo, sol.x_hi, E, pfmt, special=special, overflow=overflow)
+        solved.append((sol, E, overflow, special, None))
+    if len(solved) == 2:
+        _share_complex_specials(solved)
+    parts: list[Part] = []
+    for sol, E, overflow, special, nan_also in solved:
+        part = judge(sol.rounded, sol.x_lo, sol.x_hi, E, pfmt, special=special, overflow=overflow,
+                     nan_also=nan_also)
         for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
             setattr(part, name, np.asarray(getattr(part, name)).reshape(out_shape))
         parts.append(part)
@@ -153,6 +165,25 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
         return values[0] if len(values) == 1 else values
 
     return Result(op=op, fmt=fmt, parts=parts, model=model, exact=exact, backward=backward)
+
+
+def _share_complex_specials(solved: list) -> None:
+    """Let an infinity in one part of a complex element excuse a NaN in the other.
+
+    Complex kernels differ in how an inf (or an overflowing product) in one
+    part spreads: the naive formula keeps the other part finite, BLAS
+    kernels often turn it into NaN.  So where either part may overflow, both
+    do; and where either part's evaluation meets an infinity, NaN is
+    accepted in both (see docs/special-values.md).
+    """
+    (_, _, o0, sp0, _), (_, _, o1, sp1, _) = solved
+    overflow = None if o0 is None and o1 is None else (
+        (o0 if o0 is not None else False) | (o1 if o1 is not None else False))
+    met_inf = None
+    if sp0 is not None or sp1 is not None:
+        met_inf = ((sp0 != 0) if sp0 is not None else False) | ((sp1 != 0) if sp1 is not None else False)
+    for k, (sol, E, _, sp, _) in enumerate(solved):
+        solved[k] = (sol, E, overflow, sp, met_inf)
 
 
 def convert_operand(o: Operand, fmt: Format | ComplexFormat) -> Operand:

@@ -35,6 +35,7 @@ from ..models import (
     widening_error,
 )
 from ..result import Gradients, Result
+from ..rounding import round_float64
 from ._coef import read_coefficient, scalar_relative_error
 from ._common import Op, PartSpec, build, check_size, fold_copies, read_grad, zero_nonfinite
 
@@ -77,6 +78,25 @@ def _complex_products(xs: list[np.ndarray], ys: list[np.ndarray], p: int, conj_y
     return np.stack([xr, xi], axis=-1), np.stack([yi, yr], axis=-1)
 
 
+def _values(o: Operand, fmt: Format | ComplexFormat, scalar_fmt: Format) -> np.ndarray:
+    """Exact values of an operand; a Python scalar too large for ``scalar_fmt`` becomes its infinity there.
+
+    PyTorch converts such a scalar before computing, so it behaves as inf
+    (and 0 * it as NaN).  A scalar in range keeps its exact value; the
+    rounding of it is budgeted in the tolerance.
+    """
+    v = values_of(o, fmt)
+    if o.tier != 0:
+        return v
+    parts = _split(v, fmt.is_complex)
+    big = [np.where(np.abs(p) > scalar_fmt.max_finite, round_float64(p, scalar_fmt), p) for p in parts]
+    if not fmt.is_complex:
+        return big[0]
+    out = np.empty(v.shape, dtype=np.complex128)
+    out.real, out.imag = big
+    return out
+
+
 def _scalar_error(o: Operand, fmt: Format, scale: float | np.ndarray) -> float | np.ndarray:
     """What PyTorch's rounding of a Python scalar or zero-dim operand to ``fmt`` can cost."""
     if o.tier == 2:
@@ -100,8 +120,9 @@ def add(x: Any, y: Any, *, alpha: float | complex = 1, model: ErrorModel = DEFAU
     alpha = read_coefficient(alpha, "alpha", fmt, "add")
     pfmt = part_of(fmt)
     op_fmt = opmath_format(pfmt)
-    X = np.broadcast_to(values_of(ox, fmt), shape)
-    Y = np.broadcast_to(values_of(oy, fmt), shape)
+    # add converts a Python scalar to the tensor's dtype (seen for float16).
+    X = np.broadcast_to(_values(ox, fmt, pfmt), shape)
+    Y = np.broadcast_to(_values(oy, fmt, pfmt), shape)
     xs, ys = _split(X, fmt.is_complex), _split(Y, fmt.is_complex)
     narrow = _narrow(ox, oy)
     cr, ci = (alpha.real, alpha.imag) if isinstance(alpha, complex) else (alpha, 0.0)
@@ -122,10 +143,11 @@ def add(x: Any, y: Any, *, alpha: float | complex = 1, model: ErrorModel = DEFAU
     special = None if (np.isfinite(X).all() and np.isfinite(Y).all()) else terms(lambda v: v)
     exact = terms(zero_nonfinite)
     depth = 1 + (0 if alpha in (1, -1) else 1) + (1 if ci else 0)
-    rel = scalar_relative_error(alpha, op_fmt)
+    # PyTorch converts alpha to the tensor's own dtype first (seen for float16).
+    rel = scalar_relative_error(alpha, pfmt)
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         E = dot_error(sol.S, depth=depth, acc=op_fmt, out=pfmt, terms=2, underflow=alpha not in (1, -1))
-        E = E + rel * sol.S + _scalar_error(ox, op_fmt, 1.0) + _scalar_error(oy, op_fmt, abs(alpha))
+        E = E + rel * sol.S + _scalar_error(ox, pfmt, 1.0) + _scalar_error(oy, pfmt, abs(alpha))
         return E, overflow_possible(sol.S, op_fmt, depth)
 
     specs = [PartSpec(t, special[p] if special else None, tol) for p, t in enumerate(exact)]
@@ -172,8 +194,9 @@ def multiply(x: Any, y: Any, *, model: ErrorModel = DEFAULT) -> Result:
     ox, oy, fmt, shape = _read("multiply", x, y)
     pfmt = part_of(fmt)
     op_fmt = opmath_format(pfmt)
-    X = np.broadcast_to(values_of(ox, fmt), shape)
-    Y = np.broadcast_to(values_of(oy, fmt), shape)
+    # multiply reads a Python scalar in the format it computes in (float32 for half types).
+    X = np.broadcast_to(_values(ox, fmt, op_fmt), shape)
+    Y = np.broadcast_to(_values(oy, fmt, op_fmt), shape)
     narrow = _narrow(ox, oy)
     mixed = fmt.is_complex and not (np.iscomplexobj(ox.array) and np.iscomplexobj(oy.array))
 
@@ -193,7 +216,7 @@ def multiply(x: Any, y: Any, *, model: ErrorModel = DEFAULT) -> Result:
 
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         E = dot_error(sol.S, depth=depth, acc=op_fmt, out=pfmt, terms=2, underflow=underflow)
-        E = E + _scalar_error(ox, op_fmt, absY) + _scalar_error(oy, op_fmt, absX)
+        E = E + _scalar_error(ox, pfmt, absY) + _scalar_error(oy, pfmt, absX)
         return E, overflow_possible(sol.S, op_fmt, depth)
 
     specs = [PartSpec(t, special[p] if special else None, tol) for p, t in enumerate(exact)]
@@ -222,8 +245,12 @@ def _multiply_backward(ox: Operand, oy: Operand, grad: Any, fmt: Format | Comple
             parts = [[(1.0, gr, vr), (1.0, gi, vi)], [(1.0, gi, vr), (-1.0, gr, vi)]]
         else:
             parts = [[(1.0, G, other)]]
+        scalar_rel = 0.0
+        if other_op.tier != 2:
+            value = other_op.array.item()
+            scalar_rel = scalar_relative_error(complex(value) if fmt.is_complex else float(value), part_of(fmt))
         results[name] = _reduce_grad("multiply", name, o, fmt, model, parts, product=True,
-                                     scalar_factor=other_op.tier == 0)
+                                     scalar_factor=other_op.tier == 0, scalar_rel=scalar_rel)
     return Gradients("multiply.backward", results, absent)
 
 
@@ -232,7 +259,7 @@ def _multiply_backward(ox: Operand, oy: Operand, grad: Any, fmt: Format | Comple
 
 def _reduce_grad(op: str, name: str, o: Operand, fmt: Format | ComplexFormat, model: ErrorModel,
                  parts: list[list[tuple[float, np.ndarray, np.ndarray | None]]], *, product: bool,
-                 scalar_factor: bool = False) -> Result:
+                 scalar_factor: bool = False, scalar_rel: float = 0.0) -> Result:
     """A gradient from (coef, X, Y) triples per part, each summed over the broadcast copies of ``o``.
 
     X and Y have the broadcast output shape.  The result has ``o``'s shape
@@ -258,10 +285,11 @@ def _reduce_grad(op: str, name: str, o: Operand, fmt: Format | ComplexFormat, mo
     coef_depth = 0 if all(c in (1, -1) for part in parts for c, _, _ in part) else 1
     product_depth = 1 if product and (scalar_factor or not products_exact(gpart.p, acc)) else 0
     depth = max(n - 1, 0) + product_depth + coef_depth
-    rel = max(scalar_relative_error(c, op_fmt) for part in parts for c, _, _ in part)
+    rel = max(scalar_relative_error(c, gpart) for part in parts for c, _, _ in part) + scalar_rel
     per_copy_depth = (1 if product and (scalar_factor or not products_exact(gpart.p, op_fmt)) else 0) \
         + coef_depth + (len(folded[0]) - 1)
-    autograd = model.autograd_roundings and copies > 1 and per_copy_depth > 0
+    # Autograd stores each per-copy product (or scaled copy) in the gradient's format before summing.
+    autograd = model.autograd_roundings and copies > 1 and (product or coef_depth > 0)
     underflow = product and products_may_underflow(gpart, acc)
     out = tpart if tpart.p < gpart.p else gpart
 
@@ -271,7 +299,11 @@ def _reduce_grad(op: str, name: str, o: Operand, fmt: Format | ComplexFormat, mo
         else:
             E = dot_error(sol.S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
         E = widening_error(E + rel * sol.S, sol.S, gpart, tpart)
-        return E, overflow_possible(sol.S, acc, depth)
+        may_overflow = overflow_possible(sol.S, acc, depth)
+        if autograd or gpart.p < tpart.p:
+            # The per-copy products (or the whole sum) are stored in the gradient's format first.
+            may_overflow = may_overflow | overflow_possible(sol.S, gpart, depth)
+        return E, may_overflow
 
     specs = [PartSpec(t, special[p] if special else None, tol) for p, t in enumerate(exact)]
     return build(f"{op}.backward {name}", target, tuple(o.shape), specs, model)

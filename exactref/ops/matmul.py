@@ -108,7 +108,9 @@ def _both(exact: Callable[[bool], list[list[Term]]], *arrays: np.ndarray) -> tup
 
 def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_depth: int = 0,
                relative: float = 0.0, rows: tuple[np.ndarray, np.ndarray] | None = None,
-               copies: int = 1, per_copy_rounding: bool = False) -> Tolerance:
+               copies: int = 1, per_copy_rounding: bool = False,
+               overflow: np.ndarray | None = None, coef: float | complex = 1.0,
+               stored: bool = False, absolute: np.ndarray | float = 0.0) -> Tolerance:
     """Tolerance of an n-term dot product of ``fin`` values accumulated under ``model``, rounded to ``out``.
 
     ``rows`` (sum|a| by row, sum|b| by column) is needed when the model rounds
@@ -135,7 +137,18 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
             E = E + dot_error(S, depth=extra_depth + 1, acc=acc, out=out) if extra_depth else E
         else:
             E = dot_error(S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
-        return E + E_in + relative * S, overflow_possible(S, acc, depth)
+        may_overflow = overflow_possible(S, acc, depth)
+        inner = S / abs(coef) if coef not in (0, 1, -1) else S
+        if coef not in (0, 1, -1):
+            # The product may be formed before it is scaled by a small coefficient.
+            may_overflow = may_overflow | overflow_possible(inner, acc, depth)
+        if stored:
+            # Autograd stores partial products in the output format before summing or scaling them.
+            may_overflow = may_overflow | overflow_possible(inner, out, depth)
+        if overflow is not None:
+            may_overflow = may_overflow | overflow
+        E = E + E_in + absolute
+        return E + relative * S if relative else E, may_overflow
 
     return tolerance
 
@@ -185,16 +198,21 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     A2 = values_of(a, fmt).reshape(a2s)
     B2 = values_of(b, fmt).reshape(b2s)
     fin = part_of(fmt)
-    use_ab = c is None or alpha != 0
+    # torch.addmm on float32/float64 (a BLAS) skips A @ B when alpha is 0; the
+    # half-type and batched kernels compute it and multiply by 0, so NaN and
+    # inf in it still give NaN.
+    blas_skip = len(a.shape) <= 2 and len(b.shape) <= 2 and fin.p >= 24
+    use_ab = c is None or alpha != 0 or not blas_skip
     use_c = c is not None and beta != 0
     arrays = []
-    if use_c:
+    if c is not None:
         try:
             Cv = np.broadcast_to(values_of(c, fmt), out_shape).reshape(shape2)
         except ValueError:
             raise ValueError(f"{op}: C has shape {c.shape}, which does not broadcast to the product's "
                              f"shape {out_shape}") from None
-        arrays.append(Cv)
+        if use_c:
+            arrays.append(Cv)
     if use_ab:
         arrays += [A2, B2]
 
@@ -202,7 +220,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
         z = zero_nonfinite if finite else (lambda x: x)
         parts = [[] for _ in range(2 if fmt.is_complex else 1)]
         if use_ab:
-            for p, t in enumerate(_product_terms(z(A2), z(B2), alpha, fmt, drop_zero=c is not None)):
+            for p, t in enumerate(_product_terms(z(A2), z(B2), alpha, fmt, drop_zero=c is not None and alpha != 0)):
                 parts[p] += t
         if use_c:
             for p, t in enumerate(_array_terms(z(Cv), beta, fmt, drop_zero=True)):
@@ -213,12 +231,34 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     n = a2s[-1] * (2 if fmt.is_complex else 1) if use_ab else 1
     extra = (_alpha_depth(alpha) if use_ab and c is not None else 0) + (1 if use_c and use_ab else 0)
     acc = accumulation_format(model, fin)
-    rel = (scalar_relative_error(alpha, acc) if use_ab and c is not None else 0.0)
-    rel += scalar_relative_error(beta, acc) if use_c else 0.0
+    # Coefficients may be converted to the tensors' own dtype first.
+    rel = (scalar_relative_error(alpha, fin) if use_ab and c is not None else 0.0)
+    rel += scalar_relative_error(beta, fin) if use_c else 0.0
     rows = None
     if use_ab and matmul_input_format(model, fin) is not None:
         rows = (np.sum(np.abs(A2), axis=-1, keepdims=True), np.sum(np.abs(B2), axis=-2, keepdims=True))
-    tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, rows=rows)
+    scaled_overflow = None
+    if use_ab and c is not None and alpha not in (1, -1, 0):
+        # A BLAS may scale A (or B) by alpha before multiplying, so alpha * a can overflow on its own.
+        big = acc.max_finite / abs(alpha)
+        rowmax = np.max(np.abs(A2), axis=-1, keepdims=True, initial=0.0)
+        colmax = np.max(np.abs(B2), axis=-2, keepdims=True, initial=0.0)
+        scaled_overflow = np.broadcast_to((rowmax >= big) | (colmax >= big), shape2)
+    scaled_underflow = 0.0
+    if use_ab and c is not None and alpha not in (1, -1, 0):
+        # alpha * a (or alpha * b) may land among the subnormals and lose bits:
+        # half a subnormal spacing per entry, times the other factor.
+        rowsum = np.sum(np.abs(A2), axis=-1, keepdims=True)
+        colsum = np.sum(np.abs(B2), axis=-2, keepdims=True)
+        scaled_underflow = acc.min_subnormal * (rowsum + colsum) * (2 if fmt.is_complex else 1)
+    if use_ab and alpha == 0 and c is not None:
+        # The product is formed and then multiplied by zero: its overflow makes NaN.
+        inner = np.abs(zero_nonfinite(A2)) @ np.abs(zero_nonfinite(B2))
+        if fmt.is_complex:
+            inner = inner * 2
+        scaled_overflow = np.broadcast_to(inner * 1.01 >= acc.max_finite, shape2)
+    tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, rows=rows, overflow=scaled_overflow,
+                     coef=alpha if use_ab and c is not None else 1.0, absolute=scaled_underflow)
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
 
     def backward(grad: Any) -> Gradients:
@@ -288,13 +328,21 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
     n = Xf.shape[-1] * (2 if fmt.is_complex else 1)
     rounded_partials = model.autograd_roundings and both_batched and copies > 1
     extra = _alpha_depth(coef)
-    rel = scalar_relative_error(coef, opmath_format(fin))
+    rel = scalar_relative_error(coef, fin)
     if model.autograd_roundings and coef not in (1, -1):
         # addmm's backward rounds grad @ B^H to the output format, then multiplies by alpha.
         extra += 1
         rel += fin.unit_roundoff * 1.01
+    inner_overflow = None
+    if coef == 0:
+        # grad @ B^H is still computed, then multiplied by zero: its overflow makes NaN.
+        absX, absY = (np.abs(zero_nonfinite(v)) for v in (Xf, Yf))
+        inner = absX @ absY
+        # ... and PyTorch stores it in the output format before the multiply.
+        inner_overflow = inner * 1.01 >= min(accumulation_format(model, fin).max_finite, fin.max_finite)
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, copies=copies,
-                     per_copy_rounding=rounded_partials)
+                     per_copy_rounding=rounded_partials, overflow=inner_overflow, coef=coef,
+                     stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)))
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
     return build(f"{op}.backward {name}", fmt, Xf.shape[:-2] + (Xf.shape[-2], Yf.shape[-1]), specs, model,
                  out_shape=shape)
@@ -317,7 +365,7 @@ def _grad_scaled_sum(op: str, G: np.ndarray, shape: tuple[int, ...], coef: float
     exact_terms, special_terms = _both(terms, folded)
     acc = accumulation_format(model, fin)
     extra = _alpha_depth(coef)
-    rel = scalar_relative_error(coef, opmath_format(fin))
+    rel = scalar_relative_error(coef, fin)
     per_copy = model.autograd_roundings and copies > 1 and extra > 0
 
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:

@@ -76,7 +76,8 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     fmt = o.fmt
     pfmt = part_of(fmt)
     V = values_of(o, fmt)
-    moved = np.transpose(V, keep + list(axes)).reshape(tuple(o.shape[i] for i in keep) + (-1,))
+    length = int(np.prod([o.shape[i] for i in axes], dtype=np.int64))
+    moved = np.transpose(V, keep + list(axes)).reshape(tuple(o.shape[i] for i in keep) + (length,))
     n = moved.shape[-1]
     narrow = 2 * pfmt.p <= 53
     values = [moved.real, moved.imag] if fmt.is_complex else [moved]
