@@ -20,8 +20,6 @@ from .rounding import round_float64, to_dtype
 
 __all__ = ["Operand", "asarray", "operand", "promote", "values_of"]
 
-_MAX_SCALAR = float(np.finfo(np.float64).max)
-
 
 def _is_torch(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "detach")
@@ -148,8 +146,6 @@ def operand(obj: Any, name: str) -> Operand:
         value = complex(obj) if isinstance(obj, complex) else float(obj)
         if isinstance(obj, numbers.Integral) and abs(obj) > 2 ** 53:
             raise ValueError(f"{name}={obj} is an integer too large to be a float64 exactly")
-        if abs(value) > _MAX_SCALAR:
-            raise ValueError(f"{name}={obj!r} is not finite")
         fmt = FORMATS["complex128"] if isinstance(value, complex) else FORMATS["float64"]
         return Operand(name, np.asarray(value), fmt, 0, value)
     try:

@@ -28,7 +28,7 @@ from . import _report
 from ._convert import _plain
 from .errors import OutOfToleranceError, ShapeMismatchError, SpecialValueError
 from .formats import ComplexFormat, Format, part_of
-from .rounding import next_down, next_up, round_float64, to_dtype
+from .rounding import above, below, next_down, next_up, round_float64, to_dtype
 
 __all__ = ["Gradients", "Part", "Result", "judge"]
 
@@ -65,9 +65,14 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
     E = np.broadcast_to(np.asarray(E, dtype=np.float64), rounded.shape)
     with np.errstate(invalid="ignore", over="ignore"):
         exact_needed = E == 0
-        lo = np.where(exact_needed, rounded, round_float64(next_down(x_lo - E), fmt))
-        hi = np.where(exact_needed, rounded, round_float64(next_up(x_hi + E), fmt))
-        tol = next_up(np.maximum(x_hi - lo, hi - x_lo))
+        if fmt.p == 53:
+            # float64 outputs: one rounding of slack matters, so use nextafter.
+            low, high = next_down(x_lo - E), next_up(x_hi + E)
+        else:
+            low, high = round_float64(below(x_lo - E, E), fmt), round_float64(above(x_hi + E, E), fmt)
+        lo = np.where(exact_needed, rounded, low)
+        hi = np.where(exact_needed, rounded, high)
+        tol = above(np.maximum(x_hi - lo, hi - x_lo))
     special_ok = np.zeros(rounded.shape, dtype=bool) if overflow is None else np.asarray(overflow).copy()
     nan_ok = np.zeros(rounded.shape, dtype=bool)
     tol = np.where(special_ok, np.inf, tol)
@@ -149,10 +154,10 @@ class Result:
             got = np.asarray(_plain(x))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{argument}={x!r:.60} cannot be read as an array: {exc}") from None
-        if got.shape != self.shape:
-            raise ValueError(f"{argument} has shape {got.shape} but {self.op}'s output has shape {self.shape}")
         if got.dtype.kind not in "fciu" and got.dtype.name not in ("bfloat16",):
             raise TypeError(f"{argument} has dtype {got.dtype}, which is not a number format")
+        if got.shape != self.shape:
+            raise ValueError(f"{argument} has shape {got.shape} but {self.op}'s output has shape {self.shape}")
         if got.dtype.kind == "c" and not self.format.is_complex:
             raise TypeError(f"{argument} is complex but {self.op}'s output format {self.format} is real")
         return got.astype(np.complex128 if self.format.is_complex else np.float64)
@@ -242,7 +247,7 @@ class Gradients(Mapping[str, Result]):
             return self._results[name]
         if name in self._absent:
             raise KeyError(f"{name}: {self._absent[name]}")
-        raise KeyError(f"{name}: {self.op}.backward has no gradient of that name; "
+        raise KeyError(f"{name}: {self.op} has no gradient of that name; "
                        f"it has {', '.join(self._results) or 'none'}")
 
     def __iter__(self) -> Iterator[str]:

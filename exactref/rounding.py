@@ -26,7 +26,10 @@ import numpy as np
 from .formats import ComplexFormat, Format
 
 __all__ = [
+    "above",
+    "below",
     "decide",
+    "enclosure_bounds",
     "next_down",
     "next_up",
     "round_dyadic",
@@ -45,6 +48,41 @@ def next_down(x: np.ndarray) -> np.ndarray:
 
 def next_up(x: np.ndarray) -> np.ndarray:
     return np.nextafter(x, _POS_INF)
+
+
+# Relative and absolute slack covering the roundings of a few float64 operations.
+_REL = 2.0 ** -50
+_ABS = 2.0 ** -1070
+
+
+def below(v: np.ndarray, scale: np.ndarray | float = 0.0) -> np.ndarray:
+    """A float64 lower bound for an exact value that ``v`` approximates.
+
+    ``v`` must come from a few float64 operations whose operands are at most
+    ``max(|v|, scale)`` in magnitude; their roundings are paid for by a
+    relative slack of 2**-50 of that magnitude.  Cheaper than nextafter.
+    """
+    return v - ((np.abs(v) + scale) * _REL + _ABS)
+
+
+def above(v: np.ndarray, scale: np.ndarray | float = 0.0) -> np.ndarray:
+    """The upper-bound twin of :func:`below`."""
+    return v + ((np.abs(v) + scale) * _REL + _ABS)
+
+
+def enclosure_bounds(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray, *,
+                     tight: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """float64 bounds ``low <= hi + lo - rad`` and ``hi + lo + rad <= high``.
+
+    ``tight`` costs two nextafter calls per bound and loses at most two ulps;
+    otherwise a cheaper relative slack of 2**-50 is used.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        if tight:
+            return next_down(hi + next_down(lo - rad)), next_up(hi + next_up(lo + rad))
+        t_low, t_high = lo - rad, lo + rad
+        scale = np.abs(lo) + rad
+        return below(hi + t_low, scale), above(hi + t_high, scale)
 
 
 def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
@@ -125,18 +163,18 @@ def round_dyadic_down_up(n: int, e: int) -> tuple[float, float]:
     return (mag_lo, mag_hi) if n > 0 else (-mag_hi, -mag_lo)
 
 
-def decide(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+def decide(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray, fmt: Format,
+           bounds: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Decide the rounding of exact values known to lie in ``hi + lo +- rad``.
 
     ``hi``, ``lo`` and ``rad`` are float64 arrays; ``rad`` may be inf.  Returns
     ``(rounded, decided)``: the rounding to ``fmt`` (as float64) where
-    ``decided`` is True, and garbage elsewhere.
+    ``decided`` is True, and garbage elsewhere.  ``bounds`` may pass in
+    :func:`enclosure_bounds` already computed.
     """
     if fmt.p > 51:
         return _decide_double(hi, lo, rad, fmt)
-    with np.errstate(invalid="ignore", over="ignore"):
-        low = next_down(hi + next_down(lo - rad))
-        high = next_up(hi + next_up(lo + rad))
+    low, high = enclosure_bounds(hi, lo, rad) if bounds is None else bounds
     r_low = round_float64(low, fmt)
     r_high = round_float64(high, fmt)
     decided = (r_low == r_high) & (np.signbit(r_low) == np.signbit(r_high))

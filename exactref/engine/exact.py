@@ -13,9 +13,12 @@ spanning the whole float32 or float64 range finish in bounded time.
 
 from __future__ import annotations
 
+import math
+import struct
+
 import numpy as np
 
-__all__ = ["exact_dot_rows", "exact_sum_rows"]
+__all__ = ["exact_dot_rows", "exact_sum_rows", "round_rows"]
 
 _LIMB = 32
 _LIMB_MASK = (1 << _LIMB) - 1
@@ -144,3 +147,43 @@ def _to_ints(acc: np.ndarray) -> list[int]:
         int.from_bytes(low[i].tobytes(), "little") + (top[i] << shift)
         for i in range(acc.shape[0])
     ]
+
+
+def _odd(x: float) -> bool:
+    """Whether the last significand bit of float64 ``x`` is 1 (normal or subnormal alike)."""
+    return bool(struct.unpack("<q", struct.pack("<d", x))[0] & 1)
+
+
+def round_rows(pieces: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Correct roundings of the exact row sums of finite float64 ``pieces`` (rows, n), via math.fsum.
+
+    Returns ``(value, x_lo, x_hi, ok)``: for ``p == 53`` the sum rounded to
+    nearest float64; for ``p <= 51`` its round-to-odd at 53 bits, which a
+    later rounding to nearest at ``p`` bits turns into the correct rounding
+    (Boldo and Melquiond).  ``x_lo <= sum <= x_hi`` are float64 bounds, equal
+    when the sum is a float64.  ``ok`` is False for a row whose partial sums
+    overflow float64; the caller computes it another way.
+    """
+    rows = pieces.shape[0]
+    value = np.zeros(rows)
+    x_lo = np.zeros(rows)
+    x_hi = np.zeros(rows)
+    ok = np.ones(rows, dtype=bool)
+    for i, row in enumerate(pieces.tolist()):
+        try:
+            r = math.fsum(row)
+            row.append(-r)
+            d = math.fsum(row)  # the exact residual's sign, since fsum rounds correctly
+        except OverflowError:
+            ok[i] = False
+            continue
+        if not math.isfinite(r):
+            ok[i] = False
+            continue
+        if d == 0:
+            value[i] = x_lo[i] = x_hi[i] = r
+            continue
+        nb = math.nextafter(r, math.copysign(math.inf, d))
+        value[i] = r if p == 53 or _odd(r) else nb
+        x_lo[i], x_hi[i] = (r, nb) if d > 0 else (nb, r)
+    return value, x_lo, x_hi, ok

@@ -48,11 +48,13 @@ def gamma(n: np.ndarray | int, u: float) -> np.ndarray | float:
     return g if g.ndim else float(g)
 
 
-def up(x: np.ndarray, steps: int = 2) -> np.ndarray:
-    """x moved up a few float64 ulps: pays for the roundings of a short bound computation."""
-    for _ in range(steps):
-        x = next_up(x)
-    return x
+def up(x: np.ndarray | float) -> np.ndarray | float:
+    """A nonnegative bound ``x`` moved up by more than two float64 ulps.
+
+    It pays for the roundings of the short computation that produced ``x``;
+    a multiply-add is much cheaper than two nextafter calls.
+    """
+    return x * (1 + 2.0 ** -50) + 2.0 ** -1070
 
 
 @dataclass
@@ -141,13 +143,32 @@ def matmul_narrow(A: np.ndarray, B: np.ndarray) -> Enclosure:
     """``A @ B`` for inputs whose products are exact in float64 (float32 and narrower)."""
     K = A.shape[-1]
     hi = A @ B
-    S_fl = np.abs(A) @ np.abs(B)
     g = gamma(max(K - 1, 0), U64)
-    # Products are exact, so float64 sums err by at most gamma_{K-1} * sum|terms|,
-    # and S_fl underestimates that sum by at most the same factor.
-    S = up(S_fl / (1 - g)) if g else S_fl
-    rad = up(g * S)
+    S = _abs_product_bound(A, B)
+    # Products are exact, so float64 sums err by at most gamma_{K-1} * sum|terms|.
+    rad = up(g * S) if g else np.zeros_like(hi)
     return Enclosure(hi, np.zeros_like(hi), rad, S)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _abs_product_bound(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """An upper bound on ``|A| @ |B|`` for values that float32 holds exactly.
+
+    A float32 product of the absolute values is about twice as fast as a
+    float64 one; its roundings (gamma_K of float32) and underflows (half a
+    subnormal per term) are paid for explicitly.  A bound that overflows
+    float32 is recomputed in float64.
+    """
+    K = A.shape[-1]
+    S32 = np.abs(A.astype(np.float32)) @ np.abs(B.astype(np.float32))
+    if K == 0:
+        return S32.astype(np.float64)
+    S = up(S32.astype(np.float64) * (1 + gamma(K, 2.0 ** -24)) + K * 2.0 ** -149)
+    if not np.isfinite(S32).all() or S32.max(initial=0.0) > _F32_MAX / 2:
+        S = up((np.abs(A) @ np.abs(B)) / (1 - gamma(K, U64)))
+    return S
 
 
 def _slice_exponent(K: int) -> int:
@@ -187,13 +208,13 @@ def _slices(X: np.ndarray, axis: int, beta: int, count: int) -> tuple[list[np.nd
     return out, rest, lowest
 
 
-def matmul_sliced(A: np.ndarray, B: np.ndarray, slices: int = 3) -> Enclosure:
+def matmul_sliced(A: np.ndarray, B: np.ndarray, slices: int = 3, depth: int = 4) -> Enclosure:
     """``A @ B`` for float64 inputs, to about twice float64's precision, by error-free slicing."""
     with np.errstate(over="ignore", invalid="ignore"):
-        return _matmul_sliced(A, B, slices)
+        return _matmul_sliced(A, B, slices, depth)
 
 
-def _matmul_sliced(A: np.ndarray, B: np.ndarray, slices: int) -> Enclosure:
+def _matmul_sliced(A: np.ndarray, B: np.ndarray, slices: int, depth: int) -> Enclosure:
     K = A.shape[-1]
     beta = _slice_exponent(K)
     As, RA, lowA = _slices(A, -1, beta, slices)
@@ -201,30 +222,46 @@ def _matmul_sliced(A: np.ndarray, B: np.ndarray, slices: int) -> Enclosure:
     out_shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1])
     absA, absB = np.abs(A), np.abs(B)
     S = up(absA @ absB / (1 - gamma(K, U64)))
-    products = []
-    rest = np.zeros(out_shape)
+    if not As or not Bs:
+        return Enclosure(np.zeros(out_shape), np.zeros(out_shape), np.zeros(out_shape), S)
+    # Per-slice row maxima of A and column sums of |B| give rank-one bounds
+    # max|a_row| * sum|b_col| >= |a_row| . |b_col| for every pair of slices,
+    # and for the remainders RA, RB the slicing left behind.
+    a_cols = [np.max(np.abs(a), axis=-1, keepdims=True) for a in As]
+    b_rows = [np.sum(np.abs(b), axis=-2, keepdims=True) for b in Bs]
+    a_cols += [np.max(np.abs(RA), axis=-1, keepdims=True),
+               np.sum(absA, axis=-1, keepdims=True) + np.sum(np.abs(RA), axis=-1, keepdims=True)]
+    b_rows += [np.sum(absB, axis=-2, keepdims=True), np.max(np.abs(RB), axis=-2, keepdims=True)]
+    weight = np.zeros((len(As) + 2, len(Bs) + 2))
+    first, deep = [], []
     for i, a in enumerate(As):
         for j, b in enumerate(Bs):
-            if i + j < slices:
-                products.append(a @ b)
+            if i + j == 0:
+                continue
+            if i + j >= depth:
+                weight[i, j] = 1.0
+            elif i + j == 1:
+                first.append(a @ b)
             else:
-                # Rank-one bound for a pair too small to matter: max|a_row| * sum|b_col|.
-                rest = rest + np.max(np.abs(a), axis=-1, keepdims=True) * np.sum(np.abs(b), axis=-2, keepdims=True)
-    if RA.any():
-        rest = rest + np.max(np.abs(RA), axis=-1, keepdims=True) * np.sum(absB, axis=-2, keepdims=True)
-    if RB.any():
-        # The slices of A sum to A - RA, so |A| + |RA| bounds them.
-        row = np.sum(absA, axis=-1, keepdims=True) + np.sum(np.abs(RA), axis=-1, keepdims=True)
-        rest = rest + row * np.max(np.abs(RB), axis=-2, keepdims=True)
-    rest = up(rest * (1 + gamma(2 * K + 2, U64)))
-    if not products:
-        z = np.zeros(out_shape)
-        return Enclosure(z, z.copy(), rest, S)
-    hi, lo, rad = combine(products, rest)
+                deep.append(a @ b)
+                # Deeper products, about 2**-(2 beta) of the result, are summed in
+                # plain float64: one rounding each, bounded through the rank-one bound.
+                weight[i, j] = gamma(len(As) * len(Bs), U64)
+    weight[-2, -2] = weight[-1, -1] = 1.0
+    bound = (np.concatenate(a_cols, axis=-1) @ weight) @ np.concatenate(b_rows, axis=-2)
+    hi = As[0] @ Bs[0]
+    lo = np.zeros(out_shape)
+    for p in first:
+        hi, e = two_sum(hi, p)
+        lo = lo + e
+    for p in deep:
+        lo = lo + p
+    # lo's own sum errs by a few roundings of values below 2 ulps of hi (<= 2u S).
+    rad = up((bound + 8 * U64 * U64 * S) * (1 + gamma(2 * K + 2, U64)))
     # A slice product whose unit underflows float64 is not exact.
     tiny = (lowA[..., :, None] + lowB[..., None, :]) < -1074 + 53
-    rad = np.where(tiny | ~np.isfinite(S), np.inf, rad)
-    return Enclosure(hi, lo, rad, S)
+    bad = tiny | ~np.isfinite(S) | ~np.isfinite(hi) | ~np.isfinite(lo)
+    return Enclosure(np.where(bad, 0.0, hi), np.where(bad, 0.0, lo), np.where(bad, np.inf, rad), S)
 
 
 def fits_narrow(p: int) -> bool:

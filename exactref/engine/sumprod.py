@@ -22,9 +22,9 @@ from fractions import Fraction
 import numpy as np
 
 from ..formats import Format
-from ..rounding import decide, next_down, next_up, round_dyadic, round_dyadic_down_up
+from ..rounding import decide, enclosure_bounds, round_dyadic, round_dyadic_down_up, round_float64
 from . import fast
-from .exact import exact_dot_rows
+from .exact import exact_dot_rows, round_rows
 
 __all__ = ["MatmulTerm", "RowTerm", "Solution", "exact_values", "solve", "specials"]
 
@@ -170,23 +170,74 @@ def enclose(terms: list[Term], shape: tuple[int, ...]) -> fast.Enclosure:
 def solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
     """Round ``sum(coef * term)`` to ``fmt`` element by element, exactly."""
     enc = enclose(terms, shape)
-    rounded, decided = decide(enc.hi, enc.lo, enc.rad, fmt)
-    with np.errstate(over="ignore", invalid="ignore"):
-        x_lo = next_down(enc.hi + next_down(enc.lo - enc.rad))
-        x_hi = next_up(enc.hi + next_up(enc.lo + enc.rad))
+    x_lo, x_hi = enclosure_bounds(enc.hi, enc.lo, enc.rad, tight=fmt.p == 53)
+    rounded, decided = decide(enc.hi, enc.lo, enc.rad, fmt, bounds=(x_lo, x_hi))
     rounded = np.array(rounded, dtype=np.float64).reshape(shape)
     x_lo = np.array(x_lo, dtype=np.float64).reshape(shape)
     x_hi = np.array(x_hi, dtype=np.float64).reshape(shape)
     idx = np.flatnonzero(~np.asarray(decided))
     if idx.size:
-        values = exact_values(terms, shape, idx)
-        negzero = _all_negative_zero(terms, shape, idx)
-        flat_r, flat_lo, flat_hi = rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1)
+        _exact_round(terms, shape, idx, fmt, rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
+    return Solution(rounded, x_lo, x_hi, np.asarray(enc.S, dtype=np.float64).reshape(shape), idx.size)
+
+
+def _exact_round(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray, fmt: Format,
+                 flat_r: np.ndarray, flat_lo: np.ndarray, flat_hi: np.ndarray) -> None:
+    """Fill in the correctly rounded values, and float64 bounds, of the elements ``idx``.
+
+    Rows whose products split exactly into float64 pieces are summed with
+    math.fsum; the rest (products underflowing or overflowing float64) go
+    through the integer accumulator.
+    """
+    pieces, safe = _pieces(terms, shape, idx)
+    value, lo, hi, ok = round_rows(pieces[safe], fmt.p)
+    done = np.flatnonzero(safe)[ok]
+    value, lo, hi = value[ok], lo[ok], hi[ok]
+    if fmt.p != 53:
+        value = round_float64(value, fmt)
+    zero = (lo == 0) & (hi == 0)
+    if zero.any():
+        negzero = _all_negative_zero(terms, shape, idx[done[zero]])
+        value[zero] = np.where(negzero, -0.0, 0.0)
+    flat_r[idx[done]], flat_lo[idx[done]], flat_hi[idx[done]] = value, lo, hi
+    rest = np.setdiff1d(np.arange(idx.size), done)
+    if rest.size:
+        values = exact_values(terms, shape, idx[rest])
+        negzero = _all_negative_zero(terms, shape, idx[rest])
         for k, (n, e) in enumerate(values):
-            i = idx[k]
+            i = idx[rest[k]]
             flat_r[i] = round_dyadic(n, e, fmt, negative_zero=bool(negzero[k]))
             flat_lo[i], flat_hi[i] = round_dyadic_down_up(n, e)
-    return Solution(rounded, x_lo, x_hi, np.asarray(enc.S, dtype=np.float64).reshape(shape), idx.size)
+
+
+def _pieces(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 pieces whose row sums are the exact values of ``idx``, and which rows split safely."""
+    cols: list[np.ndarray] = []
+    safe = np.ones(idx.size, dtype=bool)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        for term in terms:
+            if term.coef == 0:
+                continue
+            X, Y = term.gather(idx, shape)
+            if Y is None:
+                parts = [X]
+            elif term.narrow:
+                parts = [X * Y]  # exact: at most 26 significant bits each, far from underflow
+            else:
+                p, e, ok = fast.two_prod(X, Y)
+                parts = [p, e]
+                safe &= ok.all(axis=1)
+            if term.coef != 1:
+                scaled = []
+                for v in parts:
+                    p, e, ok = fast.two_prod(np.float64(term.coef), v)
+                    scaled += [p, e]
+                    safe &= ok.all(axis=1)
+                parts = scaled
+            cols += parts
+    pieces = np.concatenate(cols, axis=1) if cols else np.zeros((idx.size, 0))
+    safe &= np.isfinite(pieces).all(axis=1)
+    return pieces, safe
 
 
 def exact_values(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray) -> list[tuple[int, int]]:

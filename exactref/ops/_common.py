@@ -91,6 +91,8 @@ def copies_of(shape: tuple[int, ...], full: tuple[int, ...]) -> int:
 
 def zero_nonfinite(x: np.ndarray) -> np.ndarray:
     """x with NaN and inf replaced by 0, part by part for complex values."""
+    if np.isfinite(x).all():
+        return x
     if np.iscomplexobj(x):
         out = np.empty(x.shape, dtype=x.dtype)
         out.real, out.imag = zero_nonfinite(x.real), zero_nonfinite(x.imag)
@@ -144,7 +146,9 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
     solved = []
     for ps in specs:
         sol = solve(ps.terms, shape, pfmt)
-        E, overflow = ps.tolerance(sol)
+        with np.errstate(over="ignore", invalid="ignore"):
+            # Overflowing bound arithmetic yields inf, which means "no bound".
+            E, overflow = ps.tolerance(sol)
         # A bound that overflowed (inf * 0 in a formula) means no bound at all.
         E = np.where(np.isnan(E), np.inf, np.where(E > 0, E * _SLACK, E))
         special = specials(ps.special_terms, shape) if ps.special_terms is not None else None

@@ -124,6 +124,7 @@ def add(x: Any, y: Any, *, alpha: float | complex = 1, model: ErrorModel = DEFAU
     X = np.broadcast_to(_values(ox, fmt, pfmt), shape)
     Y = np.broadcast_to(_values(oy, fmt, pfmt), shape)
     xs, ys = _split(X, fmt.is_complex), _split(Y, fmt.is_complex)
+    absY = np.abs(zero_nonfinite(Y))
     narrow = _narrow(ox, oy)
     cr, ci = (alpha.real, alpha.imag) if isinstance(alpha, complex) else (alpha, 0.0)
 
@@ -145,9 +146,15 @@ def add(x: Any, y: Any, *, alpha: float | complex = 1, model: ErrorModel = DEFAU
     depth = 1 + (0 if alpha in (1, -1) else 1) + (1 if ci else 0)
     # PyTorch converts alpha to the tensor's own dtype first (seen for float16).
     rel = scalar_relative_error(alpha, pfmt)
+    # For half types PyTorch's non-vectorised path rounds alpha * y to the
+    # tensor's format before adding (seen for float16 tensors of a few elements).
+    scaled_rounding = pfmt != op_fmt and alpha not in (1, -1)
+
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         E = dot_error(sol.S, depth=depth, acc=op_fmt, out=pfmt, terms=2, underflow=alpha not in (1, -1))
         E = E + rel * sol.S + _scalar_error(ox, pfmt, 1.0) + _scalar_error(oy, pfmt, abs(alpha))
+        if scaled_rounding:
+            E = E + pfmt.unit_roundoff * abs(alpha) * absY * 1.01 + pfmt.min_subnormal
         return E, overflow_possible(sol.S, op_fmt, depth)
 
     specs = [PartSpec(t, special[p] if special else None, tol) for p, t in enumerate(exact)]
@@ -288,19 +295,21 @@ def _reduce_grad(op: str, name: str, o: Operand, fmt: Format | ComplexFormat, mo
     rel = max(scalar_relative_error(c, gpart) for part in parts for c, _, _ in part) + scalar_rel
     per_copy_depth = (1 if product and (scalar_factor or not products_exact(gpart.p, op_fmt)) else 0) \
         + coef_depth + (len(folded[0]) - 1)
-    # Autograd stores each per-copy product (or scaled copy) in the gradient's format before summing.
-    autograd = model.autograd_roundings and copies > 1 and (product or coef_depth > 0)
+    # PyTorch stores each scaled copy (alpha * grad) in the gradient's format
+    # before summing the copies; the default budgets that, as the spec only
+    # names multiply's per-copy products as outside it.
+    per_copy = copies > 1 and ((coef_depth > 0 and not product) or (product and model.autograd_roundings))
     underflow = product and products_may_underflow(gpart, acc)
     out = tpart if tpart.p < gpart.p else gpart
 
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
-        if autograd:
+        if per_copy:
             E = partials_error(sol.S, copies=copies, per_copy_depth=per_copy_depth, acc=acc, out=gpart)
         else:
             E = dot_error(sol.S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
         E = widening_error(E + rel * sol.S, sol.S, gpart, tpart)
         may_overflow = overflow_possible(sol.S, acc, depth)
-        if autograd or gpart.p < tpart.p:
+        if per_copy or gpart.p < tpart.p:
             # The per-copy products (or the whole sum) are stored in the gradient's format first.
             may_overflow = may_overflow | overflow_possible(sol.S, gpart, depth)
         return E, may_overflow

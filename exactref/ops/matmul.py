@@ -203,7 +203,9 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     # inf in it still give NaN.
     blas_skip = len(a.shape) <= 2 and len(b.shape) <= 2 and fin.p >= 24
     use_ab = c is None or alpha != 0 or not blas_skip
-    use_c = c is not None and beta != 0
+    # The BLAS reads beta in the inputs' format: one that rounds to zero skips C as well.
+    beta_vanishes = c is not None and beta != 0 and scalar_relative_error(beta, fin) == 1.0
+    use_c = c is not None and beta != 0 and not beta_vanishes
     arrays = []
     if c is not None:
         try:
@@ -234,6 +236,9 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     # Coefficients may be converted to the tensors' own dtype first.
     rel = (scalar_relative_error(alpha, fin) if use_ab and c is not None else 0.0)
     rel += scalar_relative_error(beta, fin) if use_c else 0.0
+    vanished = 0.0
+    if beta_vanishes:
+        vanished = abs(beta) * np.abs(zero_nonfinite(Cv)) * (2 if fmt.is_complex else 1)
     rows = None
     if use_ab and matmul_input_format(model, fin) is not None:
         rows = (np.sum(np.abs(A2), axis=-1, keepdims=True), np.sum(np.abs(B2), axis=-2, keepdims=True))
@@ -253,12 +258,13 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
         scaled_underflow = acc.min_subnormal * (rowsum + colsum) * (2 if fmt.is_complex else 1)
     if use_ab and alpha == 0 and c is not None:
         # The product is formed and then multiplied by zero: its overflow makes NaN.
-        inner = np.abs(zero_nonfinite(A2)) @ np.abs(zero_nonfinite(B2))
+        with np.errstate(over="ignore"):
+            inner = np.abs(zero_nonfinite(A2)) @ np.abs(zero_nonfinite(B2))
         if fmt.is_complex:
             inner = inner * 2
         scaled_overflow = np.broadcast_to(inner * 1.01 >= acc.max_finite, shape2)
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, rows=rows, overflow=scaled_overflow,
-                     coef=alpha if use_ab and c is not None else 1.0, absolute=scaled_underflow)
+                     coef=alpha if use_ab and c is not None else 1.0, absolute=scaled_underflow + vanished)
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
 
     def backward(grad: Any) -> Gradients:
@@ -329,19 +335,23 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
     rounded_partials = model.autograd_roundings and both_batched and copies > 1
     extra = _alpha_depth(coef)
     rel = scalar_relative_error(coef, fin)
+    absolute = 0.0
     if model.autograd_roundings and coef not in (1, -1):
-        # addmm's backward rounds grad @ B^H to the output format, then multiplies by alpha.
+        # addmm's backward rounds grad @ B^H to the output format (maybe a
+        # subnormal: half a spacing), then multiplies by alpha.
         extra += 1
         rel += fin.unit_roundoff * 1.01
+        absolute = fin.min_subnormal * abs(coef) * (2 if fmt.is_complex else 1)
     inner_overflow = None
     if coef == 0:
         # grad @ B^H is still computed, then multiplied by zero: its overflow makes NaN.
         absX, absY = (np.abs(zero_nonfinite(v)) for v in (Xf, Yf))
-        inner = absX @ absY
+        with np.errstate(over="ignore"):
+            inner = absX @ absY
         # ... and PyTorch stores it in the output format before the multiply.
         inner_overflow = inner * 1.01 >= min(accumulation_format(model, fin).max_finite, fin.max_finite)
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, copies=copies,
-                     per_copy_rounding=rounded_partials, overflow=inner_overflow, coef=coef,
+                     per_copy_rounding=rounded_partials, overflow=inner_overflow, coef=coef, absolute=absolute,
                      stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)))
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
     return build(f"{op}.backward {name}", fmt, Xf.shape[:-2] + (Xf.shape[-2], Yf.shape[-1]), specs, model,
@@ -366,14 +376,18 @@ def _grad_scaled_sum(op: str, G: np.ndarray, shape: tuple[int, ...], coef: float
     acc = accumulation_format(model, fin)
     extra = _alpha_depth(coef)
     rel = scalar_relative_error(coef, fin)
-    per_copy = model.autograd_roundings and copies > 1 and extra > 0
+    # PyTorch scales every copy of grad by beta in the output format, then sums the copies.
+    per_copy = copies > 1 and extra > 0
 
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         if per_copy:
             E = partials_error(sol.S, copies=copies, per_copy_depth=extra, acc=acc, out=fin)
         else:
             E = dot_error(sol.S, depth=copies - 1 + extra, acc=acc, out=fin)
-        return E + rel * sol.S, overflow_possible(sol.S, acc, copies)
+        may_overflow = overflow_possible(sol.S, acc, copies)
+        if per_copy:
+            may_overflow = may_overflow | overflow_possible(sol.S, fin, copies)
+        return E + rel * sol.S, may_overflow
 
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
     return build(f"{op}.backward grad_C", fmt, tuple(shape), specs, model)

@@ -96,7 +96,11 @@ def matmul_shapes(a: tuple, b: tuple) -> tuple:
 
 def matmul(A: np.ndarray, B: np.ndarray, fmt: str, alpha: float = 1.0, C: np.ndarray | None = None,
            beta: float = 0.0) -> np.ndarray:
-    """torch.matmul (and addmm's beta*C + alpha*A@B) for real inputs, each element rounded once."""
+    """torch.matmul (and addmm's beta*C + alpha*A@B) for real inputs, each element rounded once.
+
+    As documented for gemm: alpha == 0 skips A @ B only for float32/float64
+    operands of at most two dimensions (a BLAS call); beta == 0 always skips C.
+    """
     a2, b2, batch = matmul_shapes(A.shape, B.shape)
     A2 = np.broadcast_to(A.reshape(a2), batch + a2[-2:])
     B2 = np.broadcast_to(B.reshape(b2), batch + b2[-2:])
@@ -106,7 +110,8 @@ def matmul(A: np.ndarray, B: np.ndarray, fmt: str, alpha: float = 1.0, C: np.nda
     for idx in itertools.product(*(range(n) for n in batch + (M, N))):
         *bi, i, j = idx
         s = Sum()
-        if C is None or alpha != 0:
+        blas = A.ndim <= 2 and B.ndim <= 2 and FORMATS[fmt][0] >= 24
+        if C is None or alpha != 0 or not blas:
             for k in range(K):
                 if C is None:
                     s.add(A2[tuple(bi) + (i, k)], B2[tuple(bi) + (k, j)])
