@@ -11,12 +11,23 @@ from .errors import (
 )
 from .formats import FORMATS, ComplexFormat, Format, format_of
 from .models import ErrorModel
-from .ops import add, gemm, matmul, multiply, sum  # noqa: A004
+from .ops import (  # noqa: A004
+    add,
+    gemm,
+    matmul,
+    matrix_exp,
+    matrix_exp_frechet,
+    multiply,
+    scaled_dot_product_attention,
+    sum,
+)
+from .ops.attention import AttentionAlgorithm
 from .result import Gradients, Result
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionAlgorithm",
     "FORMATS",
     "ComplexFormat",
     "ErrorModel",
@@ -33,7 +44,10 @@ __all__ = [
     "format_of",
     "gemm",
     "matmul",
+    "matrix_exp",
+    "matrix_exp_frechet",
     "models",
     "multiply",
+    "scaled_dot_product_attention",
     "sum",
 ]

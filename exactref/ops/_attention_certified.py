@@ -1,0 +1,512 @@
+"""Attention's certified refinement: Arb balls for the elements the first pass left undecided.
+
+Three steps, cheapest first, for each undecided element:
+
+1. *Structural zeros.*  An element every term of which is exactly zero (a
+   fully masked row, a zero column of V, a zero row of dO, ...) is +0.
+2. *Arb.*  The element is computed in Arb ball arithmetic from the exact
+   inputs, at 64 bits, then at twice the precision until its ball rounds to
+   one value (:func:`exactref.engine.certified.round_certified`).  The work
+   is per head: the logits Q K^T and the products with V, dO, K and Q are
+   ``arb_mat`` products; only the exps and the elementwise softmax steps run
+   element by element in Python.
+3. *Exact analysis*, from the second precision on, to recognise the values
+   that are exactly a rounding boundary or zero, which no precision
+   separates from the boundary.  By the Lindemann-Weierstrass theorem,
+   ``sum_g c_g exp(a_g)`` with distinct algebraic exponents a_g and
+   algebraic c_g is zero only when every c_g is.  The logits are algebraic
+   (the scale is rational or 1/sqrt(E)), so grouping the keys of a row by
+   their exact logit decides whether the output, or the row's grad_query, is
+   rational, and gives it.  A sum over several rows (grad_key, grad_value,
+   and grad_query summed over broadcast copies) is decided this way only
+   when every row it sums has rational weights (all its logits equal); if
+   such a sum is exactly a boundary and some row's weights are
+   transcendental, the precision cap raises ReferenceUnavailableError.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from fractions import Fraction
+from typing import Any
+
+import flint
+import numpy as np
+
+from ..engine.certified import START_PRECISION, Decision, precision, round_certified
+from ..engine.exact import exact_dot_rows
+from ..formats import Format
+from ._attention_first import FirstPass
+from ._attention_problem import Problem
+
+__all__ = ["Refiner"]
+
+WHICH = ("out", "query", "key", "value")
+
+
+def _fraction(n: int, e: int) -> Fraction:
+    return Fraction(n << e) if e >= 0 else Fraction(n, 1 << -e)
+
+
+def _ball(x: Fraction) -> flint.arb:
+    """An Arb ball of the rational x: exact when x is dyadic."""
+    d = x.denominator
+    if d & (d - 1) == 0:
+        bits = abs(x.numerator).bit_length() + 8
+        with precision(max(flint.ctx.prec, bits)):
+            return flint.arb(flint.fmpz(x.numerator)) * flint.arb(2) ** (-(d.bit_length() - 1))
+    return flint.arb(flint.fmpq(x.numerator, d))
+
+
+def _arb_mat(a: np.ndarray) -> flint.arb_mat:
+    rows, cols = a.shape
+    return flint.arb_mat(rows, cols, a.reshape(-1).tolist())
+
+
+def _int_matrix(a: np.ndarray) -> tuple[flint.fmpz_mat, int]:
+    """An integer matrix M and an exponent e with a == M * 2**e exactly (a finite, float64)."""
+    mant, ex = np.frexp(a)
+    m = np.ldexp(mant, 53).astype(np.int64)
+    ex = ex.astype(np.int64) - 53
+    nonzero = m != 0
+    base = int(ex[nonzero].min()) if nonzero.any() else 0
+    shifts = np.where(nonzero, ex - base, 0).reshape(-1).tolist()
+    entries = [int(v) << k for v, k in zip(m.reshape(-1).tolist(), shifts)]
+    return flint.fmpz_mat(a.shape[0], a.shape[1], entries), base
+
+
+class _Head:
+    """Arb quantities of one head at one precision, computed for the rows asked for."""
+
+    def __init__(self, ref: Refiner, h: int) -> None:
+        pb, fp = ref.pb, ref.fp
+        self.ref, self.h = ref, h
+        self.Q, self.K, self.V = fp.Qh[h], fp.Kh[h], fp.Vh[h]
+        self.Km = _arb_mat(self.K)
+        self.Vm = _arb_mat(self.V)
+        self.P: dict[int, list[flint.arb]] = {}
+        self.s = pb.scale.ball()
+        self._out: dict[int, list[flint.arb]] = {}
+        self._dS: dict[int, list[flint.arb]] = {}
+
+    def weights(self, rows: list[int]) -> None:
+        pb, fp = self.ref.pb, self.ref.fp
+        todo = [i for i in rows if i not in self.P]
+        if not todo:
+            return
+        S = pb.S
+        logits = _arb_mat(self.Q[todo]) * self.Km.transpose() if S and pb.E else None
+        zero = flint.arb(0)
+        for r, i in enumerate(todo):
+            unmasked = fp.unmasked[self.h, i]
+            if not unmasked.any():
+                self.P[i] = [zero] * S
+                continue
+            shift = flint.arb(float(fp.M[self.h, i]))
+            add = pb.additive[self.h, i] if pb.additive is not None else None
+            w = []
+            for j in range(S):
+                if not unmasked[j]:
+                    w.append(zero)
+                    continue
+                z = self.s * logits[r, j] if logits is not None else zero
+                if add is not None and add[j] != 0:
+                    z = z + float(add[j])
+                w.append((z - shift).exp())
+            total = sum(w, zero)
+            self.P[i] = [x / total if x is not zero else zero for x in w]
+
+    def out(self, rows: list[int]) -> dict[int, list[flint.arb]]:
+        todo = [i for i in rows if i not in self._out]
+        if todo:
+            self.weights(todo)
+            Pm = flint.arb_mat(len(todo), self.ref.pb.S, [x for i in todo for x in self.P[i]])
+            prod = (Pm * self.Vm).entries() if self.ref.pb.S else [flint.arb(0)] * (len(todo) * self.ref.pb.Ev)
+            Ev = self.ref.pb.Ev
+            for r, i in enumerate(todo):
+                self._out[i] = prod[r * Ev:(r + 1) * Ev]
+        return {i: self._out[i] for i in rows}
+
+    def dS(self, rows: list[int]) -> dict[int, list[flint.arb]]:
+        """dS_ij = P_ij (dP_ij - D_i), computed as P_ij (d_ij - sum_k P_ik d_ik) with d_ij = dP_ij - dP_ic.
+
+        The differences d are exact (dP is exact), and the identity holds because
+        the weights sum to 1; so a row whose dP is constant gets an exact zero, and
+        nothing cancels when the weights are concentrated.
+        """
+        todo = [i for i in rows if i not in self._dS]
+        if todo:
+            self.weights(todo)
+            for i in todo:
+                diffs, unit = self.ref.dP_differences(self.h, i)
+                P = self.P[i]
+                D = sum((p * d for p, d in zip(P, diffs) if not (p.is_zero() or d.is_zero())), flint.arb(0))
+                self._dS[i] = [p if p.is_zero() and p.is_exact() else p * (d - D) * unit
+                               for p, d in zip(P, diffs)]
+        return {i: self._dS[i] for i in rows}
+
+    def grad_query(self, rows: list[int]) -> dict[int, list[flint.arb]]:
+        pb = self.ref.pb
+        dS = self.dS(rows)
+        m = flint.arb_mat(len(rows), pb.S, [x for i in rows for x in dS[i]])
+        prod = (m * self.Km).entries() if pb.S else [flint.arb(0)] * (len(rows) * pb.E)
+        return {i: [self.s * x for x in prod[r * pb.E:(r + 1) * pb.E]] for r, i in enumerate(rows)}
+
+    def grad_kv(self, which: str) -> list[flint.arb]:
+        """The head's whole grad_key (scaled) or grad_value, row-major (S, E or Ev)."""
+        pb = self.ref.pb
+        rows = list(range(pb.L))
+        if which == "key":
+            dS = self.dS(rows)
+            m = flint.arb_mat(pb.L, pb.S, [x for i in rows for x in dS[i]])
+            return [self.s * x for x in (m.transpose() * _arb_mat(self.Q)).entries()]
+        self.weights(rows)
+        m = flint.arb_mat(pb.L, pb.S, [x for i in rows for x in self.P[i]])
+        return (m.transpose() * _arb_mat(self.ref.G[self.h])).entries()
+
+
+class Refiner:
+    """Decides the elements of attention's outputs that the first pass left undecided."""
+
+    def __init__(self, pb: Problem, fp: FirstPass, op: str, G: np.ndarray | None) -> None:
+        self.pb, self.fp, self.op = pb, fp, op
+        self.G = G  # the output gradient per head (H, L, Ev), or None for the forward
+        self._start = START_PRECISION
+        self._heads: dict[tuple[int, int], _Head] = {}
+        self._kv: dict[tuple[int, int, str], list[flint.arb]] = {}
+        self._exact: dict[tuple[str, int], tuple[str, Any]] = {}
+        self._keys: dict[tuple[int, int], list[Any]] = {}
+        self._dP: dict[int, tuple[list[list[flint.fmpz]], int]] = {}
+
+    # ------------------------------------------------------------------ shapes and names
+
+    def _shape(self, which: str) -> tuple[int, ...]:
+        pb = self.pb
+        if which == "out":
+            return (pb.H, pb.L, pb.Ev)
+        n = {"query": pb.Q, "key": pb.K, "value": pb.V}[which]
+        return n.shape
+
+    def _user_shape(self, which: str) -> tuple[int, ...]:
+        return self.pb.out_shape if which == "out" else self.pb.shapes[which]
+
+    def name(self, which: str) -> str:
+        return self.op if which == "out" else f"{self.op}.backward grad_{which}"
+
+    def index(self, which: str, flat: int) -> tuple[int, ...]:
+        return tuple(int(i) for i in np.unravel_index(flat, self._user_shape(which)))
+
+    # ------------------------------------------------------------------ step 1: structural zeros
+
+    def structural_zeros(self, which: str, flat: np.ndarray) -> np.ndarray:
+        """Bool per flat index: every term of the element is exactly zero."""
+        pb, fp = self.pb, self.fp
+        b, r, c = np.unravel_index(flat, self._shape(which))
+        unm = fp.unmasked.astype(np.float64)
+        if which == "out":
+            return (unm[b, r] * (fp.Vh[b, :, c] != 0)).sum(-1) == 0
+        cop = pb.copies(which)[b]  # (n, copies)
+        G = self.G
+        # A row's dS vanishes when dO_i or V is zero, or when it has one key (its weight is exactly 1).
+        live_row = ((np.abs(G).sum(-1) > 0) & (np.abs(fp.Vh).sum(axis=(-1, -2)) > 0)[:, None]
+                    & (fp.unmasked.sum(-1) > 1))  # (H, L)
+        result = np.ones(len(flat), dtype=bool)
+        for k in range(cop.shape[1]):
+            h = cop[:, k]
+            if which == "query":
+                terms = unm[h, r, :] * live_row[h, r][:, None] * (fp.Kh[h, :, c] != 0)
+            elif which == "key":
+                terms = unm[h, :, r] * live_row[h] * (fp.Qh[h, :, c] != 0)
+            else:
+                terms = unm[h, :, r] * (G[h, :, c] != 0)
+            result &= terms.sum(-1) == 0
+        return result
+
+    # ------------------------------------------------------------------ step 2: Arb
+
+    def _head(self, h: int) -> _Head:
+        key = (h, flint.ctx.prec)
+        if key not in self._heads:
+            self._heads[key] = _Head(self, h)
+        return self._heads[key]
+
+    def _grad_query_pairwise(self, h: int, i: int, c: int) -> flint.arb:
+        """Row i's sum_j dS_ij k_jc as sum_{j<k} P_ij P_ik (dP_ij - dP_ik)(k_jc - k_kc).
+
+        The same value as the direct sum (the weights sum to 1), but with the
+        differences exact: where two dominant keys share k_jc, the direct sum
+        cancels to far below its terms and no working precision recovers it.
+        """
+        head = self._head(h)
+        head.weights([i])
+        P = head.P[i]
+        ints, base = self._dP_head(h)
+        live = [j for j in range(self.pb.S) if self.fp.unmasked[h, i, j]]
+        K = self.fp.Kh[h][:, c]
+        total = flint.arb(0)
+        for a, j in enumerate(live):
+            for k in live[a + 1:]:
+                dk = K[j] - K[k]
+                dp = ints[i][j] - ints[i][k]
+                if dk != 0 and dp != 0:
+                    total += P[j] * P[k] * flint.arb(dp) * flint.arb(float(dk))
+        return total * flint.arb(2) ** base
+
+    def _arb_values(self, which: str, flats: list[int]) -> dict[int, flint.arb]:
+        pb = self.pb
+        shape = self._shape(which)
+        out: dict[int, flint.arb] = {}
+        if which == "query" and flint.ctx.prec > self._start:
+            for f in flats:
+                b, i, c = (int(x) for x in np.unravel_index(f, shape))
+                heads = [int(h) for h in pb.copies("query")[b]]
+                out[f] = self._head(heads[0]).s * sum((self._grad_query_pairwise(h, i, c) for h in heads),
+                                                      flint.arb(0))
+            return out
+        if which in ("out", "query"):
+            need: dict[int, set[int]] = defaultdict(set)
+            parts = []
+            for f in flats:
+                b, i, c = np.unravel_index(f, shape)
+                heads = [int(b)] if which == "out" else [int(h) for h in pb.copies("query")[b]]
+                parts.append((f, heads, int(i), int(c)))
+                for h in heads:
+                    need[h].add(int(i))
+            rows = {h: sorted(rs) for h, rs in need.items()}
+            got = {h: (self._head(h).out(rs) if which == "out" else self._head(h).grad_query(rs))
+                   for h, rs in rows.items()}
+            for f, heads, i, c in parts:
+                out[f] = sum((got[h][i][c] for h in heads), flint.arb(0))
+            return out
+        cols = pb.E if which == "key" else pb.Ev
+        for f in flats:
+            b, j, c = np.unravel_index(f, shape)
+            total = flint.arb(0)
+            for h in pb.copies(which)[b]:
+                key = (int(h), flint.ctx.prec, which)
+                if key not in self._kv:
+                    self._kv[key] = self._head(int(h)).grad_kv(which)
+                total += self._kv[key][int(j) * cols + int(c)]
+            out[f] = total
+        return out
+
+    # ------------------------------------------------------------------ step 3: exact analysis
+
+    def _logit_keys(self, h: int, i: int) -> list[Any]:
+        """The exact logit of each key of row i (None where masked), as a hashable value."""
+        if (h, i) in self._keys:
+            return self._keys[(h, i)]
+        pb, fp = self.pb, self.fp
+        unm = fp.unmasked[h, i]
+        S = pb.S
+        q = np.broadcast_to(fp.Qh[h, i], (S, pb.E))
+        dots = exact_dot_rows(q, fp.Kh[h]) if pb.E else [(0, 0)] * S
+        keys: list[Any] = []
+        for j in range(S):
+            if not unm[j]:
+                keys.append(None)
+                continue
+            d = _fraction(*dots[j])
+            m = Fraction(float(pb.additive[h, i, j])) if pb.additive is not None else Fraction(0)
+            keys.append(pb.scale.rational * d + m if pb.scale.rational is not None else (d, m))
+        self._keys[(h, i)] = keys
+        return keys
+
+    def _row_rational(self, h: int, i: int) -> bool:
+        keys = [k for k in self._logit_keys(h, i) if k is not None]
+        return all(k == keys[0] for k in keys)
+
+    def _dP_head(self, h: int) -> tuple[list[list[flint.fmpz]], int]:
+        """dP = dO V^T of head h exactly: integers n_ij with dP_ij = n_ij * 2**base."""
+        if h not in self._dP:
+            pb = self.pb
+            Gi, eg = _int_matrix(self.G[h])
+            Vi, ev = _int_matrix(self.fp.Vh[h])
+            if pb.Ev == 0 or pb.S == 0 or pb.L == 0:
+                ints = [[flint.fmpz(0)] * pb.S for _ in range(pb.L)]
+            else:
+                flat = (Gi * Vi.transpose()).entries()
+                ints = [flat[i * pb.S:(i + 1) * pb.S] for i in range(pb.L)]
+            self._dP[h] = (ints, eg + ev)
+        return self._dP[h]
+
+    def dP_differences(self, h: int, i: int) -> tuple[list[flint.arb], flint.arb]:
+        """Exact balls of (dP_ij - dP_ic) / 2**base for row i of head h, c its largest logit, and 2**base."""
+        ints, base = self._dP_head(h)
+        live = self.fp.unmasked[h, i]
+        # The reference is the row's dominant key: its difference is exactly 0, so a weight
+        # close to 1 never multiplies an inexact difference that should nearly cancel.
+        ref = ints[i][int(np.argmax(np.where(live, self.fp.Z[h, i], -np.inf)))] if live.any() else 0
+        return [flint.arb(n - ref) for n in ints[i]], flint.arb(2) ** base
+
+    def _dP_exact(self, h: int, i: int) -> list[Fraction]:
+        ints, base = self._dP_head(h)
+        return [_fraction(int(n), base) for n in ints[i]]
+
+    def _scaled(self, R: Fraction) -> tuple[str, Any]:
+        """The exact value s R: rational, or s irrational times a rational."""
+        sc = self.pb.scale
+        if sc.rational is not None:
+            return "rational", sc.rational * R
+        return ("rational", Fraction(0)) if R == 0 else ("scaled", R)
+
+    def exact_info(self, which: str, flat: int) -> tuple[str, Any]:
+        """("rational", value), ("scaled", R) for s R, ("irrational", why) or ("unknown", why)."""
+        key = (which, flat)
+        if key not in self._exact:
+            self._exact[key] = self._analyse(which, flat)
+        return self._exact[key]
+
+    def _analyse(self, which: str, flat: int) -> tuple[str, Any]:
+        pb, fp = self.pb, self.fp
+        b, r, c = (int(x) for x in np.unravel_index(flat, self._shape(which)))
+        if which == "out":
+            return self._analyse_out(b, r, c)
+        heads = [int(h) for h in pb.copies(which)[b]]
+        if which == "query" and len(heads) == 1:
+            return self._analyse_row_grad_query(heads[0], r, c)
+        # A sum over rows: exact only when every contributing row has rational weights.
+        contributing = []
+        for h in heads:
+            rows = [r] if which == "query" else [i for i in range(pb.L) if fp.unmasked[h, i, r]]
+            contributing += [(h, i) for i in rows if not self._term_zero(which, h, i, r, c)]
+        transcendental = sum(not self._row_rational(h, i) for h, i in contributing)
+        if transcendental:
+            return "unknown", (f"it sums terms from {len(contributing)} query rows, {transcendental} of "
+                               "them with transcendental attention weights, and such a sum is found exact "
+                               "only when every term is rational")
+        R = Fraction(0)
+        for h, i in contributing:
+            keys = self._logit_keys(h, i)
+            live = [j for j, k in enumerate(keys) if k is not None]
+            if not live:
+                continue
+            n = len(live)
+            g = self.G[h, i]
+            if which == "value":
+                R += Fraction(float(g[c])) / n
+                continue
+            dP = self._dP_exact(h, i)
+            D = sum((dP[j] for j in live), Fraction(0)) / n
+            if which == "key":
+                R += (dP[r] - D) / n * Fraction(float(fp.Qh[h, i, c]))
+            else:
+                R += sum(((dP[j] - D) * Fraction(float(fp.Kh[h, j, c])) for j in live), Fraction(0)) / n
+        return ("rational", R) if which == "value" else self._scaled(R)
+
+    def _term_zero(self, which: str, h: int, i: int, r: int, c: int) -> bool:
+        """Whether row i of head h adds exactly zero to the element (r, c) of a gradient sum."""
+        fp, G = self.fp, self.G
+        if which == "value":
+            return G[h, i, c] == 0
+        live = np.flatnonzero(fp.unmasked[h, i])
+        if len({self._dP_exact(h, i)[j] for j in live}) <= 1:
+            return True  # dP is constant over the row's keys, so dP - D and the row's dS vanish
+        if which == "key":
+            return fp.Qh[h, i, c] == 0
+        return not fp.Kh[h, fp.unmasked[h, i], c].any()
+
+    def _groups(self, h: int, i: int) -> dict[Any, list[int]]:
+        groups: dict[Any, list[int]] = defaultdict(list)
+        for j, k in enumerate(self._logit_keys(h, i)):
+            if k is not None:
+                groups[k].append(j)
+        return groups
+
+    def _analyse_out(self, h: int, i: int, c: int) -> tuple[str, Any]:
+        groups = self._groups(h, i)
+        if not groups:
+            return "rational", Fraction(0)
+        V = self.fp.Vh[h]
+        ratios = {sum((Fraction(float(V[j, c])) for j in js), Fraction(0)) / len(js) for js in groups.values()}
+        if len(ratios) == 1:
+            return "rational", ratios.pop()
+        return "irrational", "its value is transcendental (Lindemann-Weierstrass)"
+
+    def _analyse_row_grad_query(self, h: int, i: int, c: int) -> tuple[str, Any]:
+        groups = self._groups(h, i)
+        if not groups:
+            return "rational", Fraction(0)
+        dP = self._dP_exact(h, i)
+        K = self.fp.Kh[h]
+        info = []
+        for key, js in groups.items():
+            k = [Fraction(float(K[j, c])) for j in js]
+            alpha = sum((dP[j] * kj for j, kj in zip(js, k)), Fraction(0))
+            beta = sum((dP[j] for j in js), Fraction(0))
+            info.append((key, len(js), alpha, beta, sum(k, Fraction(0))))
+        num: dict[Any, Fraction] = defaultdict(Fraction)
+        den: dict[Any, Fraction] = defaultdict(Fraction)
+        for kg, ng, ag, bg, _ in info:
+            for kh, nh, _, _, gh in info:
+                t = kg + kh if not isinstance(kg, tuple) else (kg[0] + kh[0], kg[1] + kh[1])
+                num[t] += ag * nh - bg * gh
+                den[t] += ng * nh
+        sc = self.pb.scale
+        if sc.rational is None:
+            if all(v == 0 for v in num.values()):
+                return "rational", Fraction(0)
+            return "irrational", "its value is irrational (Lindemann-Weierstrass)"
+        t0 = next(iter(den))
+        value = sc.rational * num[t0] / den[t0]
+        if all(sc.rational * num[t] == value * den[t] for t in den):
+            return "rational", value
+        return "irrational", "its value is transcendental (Lindemann-Weierstrass)"
+
+    # ------------------------------------------------------------------ the loop
+
+    def refine(self, which: str, flats: np.ndarray, fmt: Format) -> dict[int, Decision]:
+        """Decide every flat index in ``flats``: {flat: (rounded, x_lo, x_hi)}."""
+        # A float64 result needs more than 64 bits to be decided at all.
+        start = START_PRECISION if fmt.p <= 24 else 2 * START_PRECISION
+        self._start = start
+        flats = np.asarray(flats, dtype=np.int64)
+        decided: dict[int, Decision] = {}
+        if flats.size == 0:
+            return decided
+        zero = self.structural_zeros(which, flats)
+        for f in flats[zero]:
+            decided[int(f)] = (0.0, 0.0, 0.0)
+        pending = [int(f) for f in flats[~zero]]
+        if not pending:
+            return decided
+
+        def evaluate(indices: list[int]) -> list[flint.arb]:
+            balls: dict[int, flint.arb] = {}
+            arb_needed = []
+            for f in indices:
+                info = self.exact_info(which, f) if flint.ctx.prec > start else ("unknown", "")
+                if info[0] == "rational":
+                    balls[f] = _ball(info[1])
+                elif info[0] == "scaled":
+                    balls[f] = _ball(info[1]) * self.pb.scale.ball()
+                else:
+                    arb_needed.append(f)
+            balls.update(self._arb_values(which, arb_needed) if arb_needed else {})
+            last.update(balls)
+            return [balls[f] for f in indices]
+
+        last: dict[int, flint.arb] = {}
+
+        def describe(f: int) -> str:
+            why = self._exact.get((which, f), ("unknown", ""))[1]
+            text = f"{self.name(which)} at {self.index(which, f)}"
+            ball = last.get(f)
+            if ball is not None and ball.contains(0):
+                text += " is zero to within the working precision, perhaps exactly zero by cancellation"
+            elif ball is not None:
+                text += f" lies on the rounding boundary {float(ball.mid())!r} to within the working precision"
+            return text + (f"; {why}" if isinstance(why, str) and why else "")
+
+        decided.update(round_certified(evaluate, pending, fmt, describe, start=start))
+        return decided
+
+    def exact_value(self, which: str, flat: int, bits: int = 128) -> flint.arb:
+        """A ball holding the exact value of one element (exact when it is a known dyadic rational)."""
+        with precision(bits):
+            info = self.exact_info(which, flat)
+            if info[0] == "rational":
+                return _ball(info[1])
+            if info[0] == "scaled":
+                return _ball(info[1]) * self.pb.scale.ball()
+            return self._arb_values(which, [flat])[flat]

@@ -1,0 +1,285 @@
+"""Attention's first pass: float64 values with rigorous error bounds, vectorised over heads.
+
+Every quantity X of the exact computation is computed as a float64 array X~
+together with a bound ``e_X`` with ``|X~ - X| <= e_X``.  An output element
+is decided when its whole enclosure rounds to one value of the output
+format (:func:`exactref.rounding.decide`); the rest go to the certified
+refinement.  The bounds use u = 2**-53 and Higham's gamma_n = n u / (1 - n u)
+for a float64 sum of n terms in any order, and:
+
+* products of float32 (or narrower) inputs are exact in float64, so a float64
+  matmul of them errs only in its additions; float64 inputs add one rounding
+  per product, which gamma_n with n = terms + 1 covers;
+* numpy's exp and expm1 are within ``EXP_REL`` (2**-40) of the exact value,
+  relatively: libm's are within a few ulps (2**-51), and the test suite
+  checks numpy's against Arb;
+* an underflow in a float64 product or exp costs at most 2**-1074 in
+  absolute value; every such cost here is below ``TINY`` (2**-1000) times a
+  count far below 2**70, and ``TINY`` is added where it matters.
+
+The shift ``M`` subtracted before exp is the largest float64 logit of the row,
+an exact float, so ``exp(x - M) / sum exp(x - M)`` is exactly the softmax
+whatever M's error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..engine.fast import gamma, matmul_sliced, two_prod, two_sum, up
+from ._attention_problem import Problem
+
+__all__ = ["FirstPass"]
+
+U = 2.0 ** -53
+EXP_REL = 2.0 ** -40
+TINY = 2.0 ** -1000
+
+
+def g(n: int) -> float:
+    """gamma_n for float64, rounded up."""
+    return float(gamma(max(n, 0), U))
+
+
+# ln 2 = _LN2_HI + _LN2_LO + t with |t| < 2**-85; _LN2_HI has 32 significant bits, so k * _LN2_HI is
+# exact for |k| < 2**21.
+_LN2_HI = 0.6931471803691238
+_LN2_LO = 1.9082149292705877e-10
+_LN2_TAIL = 2.0 ** -85
+_INV_FACT = [1.0 / math.factorial(n) for n in range(14)]
+# |r|**14 / 14! * exp(|r|) for |r| <= 0.35 + 2**-40: Taylor's remainder after degree 13.
+_TRUNC = 0.3466 ** 14 / math.factorial(14) * math.exp(0.3466)
+
+
+def exp_bounded(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """exp(y) for float64 y <= 0 (or -inf), and a bound on its relative error, not trusting libm.
+
+    y = k ln2 + r with |r| <= ln2/2 (Cody and Waite's two-part ln 2), then a
+    degree-13 Taylor polynomial by Horner's rule with Higham's running error
+    bound (Accuracy and Stability, Algorithm 5.1), then a scaling by 2**k.
+    The bound adds the reduction's error, the rounding of the coefficients 1/n!
+    and the Taylor remainder; a result below float64's normal range may also
+    be off by 2**-1074 in absolute value, which the callers' TINY covers.
+    """
+    y = np.maximum(y, -746.0)
+    k = np.rint(y * (1 / math.log(2)))
+    r1 = y - k * _LN2_HI
+    t = k * _LN2_LO
+    r = r1 - t
+    ar = np.abs(r)
+    err_r = U * (np.abs(r1) + np.abs(t) + ar) * (1 + 2 * U) + np.abs(k) * _LN2_TAIL
+    p = np.full_like(r, _INV_FACT[13])
+    mu = np.abs(p) * 0.5
+    for c in reversed(_INV_FACT[:13]):
+        p = p * r + c
+        mu = ar * mu + np.abs(p)
+    e_abs = ar.copy()
+    np.exp(ar, out=e_abs)  # only sizes the bound's small terms; 2 e**|r| absorbs its error
+    absolute = U * (2 * mu - np.abs(p)) * 1.01 + U * 2 * e_abs + _TRUNC * 2 + 2 * e_abs * err_r * 1.01
+    rel = up(absolute / (p * (1 - 4 * U)))
+    return np.ldexp(p, k.astype(np.int64)), rel
+
+
+def expm1_up(a: np.ndarray) -> np.ndarray:
+    """An upper bound on exp(a) - 1 for a >= 0 (inf where a is inf or huge)."""
+    # For 0 <= a <= 1 the tail sum_{k>=2} a**k / k! is at most (e - 2) a**2 < a**2.
+    with np.errstate(over="ignore", invalid="ignore"):
+        small = up(a + a * a)
+        large = up(np.expm1(np.minimum(a, 1e3)) * (1 + 2 * EXP_REL))
+        return np.where(a <= 1, small, np.where(a < 700, large, np.inf))
+
+
+def _sum_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sums of the nonnegative w over the last axis, and a bound on their relative error.
+
+    Compensated (Ogita, Rump and Oishi's Sum2): the error is at most
+    u |s| + gamma_{n-1}**2 sum(w), far below gamma_{n-1} sum(w) of a plain sum.
+    """
+    n = w.shape[-1]
+    s = np.zeros(w.shape[:-1])
+    c = np.zeros(w.shape[:-1])
+    for j in range(n):
+        x = w[..., j]
+        t = s + x
+        z = t - s
+        c += (s - (t - z)) + (x - z)
+        s = t
+    total = s + c
+    gn = g(n)
+    return total, np.full(total.shape, up(U + gn * gn / (1 - gn) * 2))
+
+
+def matmul_up(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """An upper bound on A @ B for nonnegative A and B (float64 rounding and underflow included)."""
+    n = A.shape[-1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return up((A @ B) / (1 - g(n)) + n * TINY)
+
+
+def sliced(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``A @ B`` as ``hi + lo +- rad`` to about twice float64's precision (error-free slicing)."""
+    if A.shape[-1] == 0:
+        z = np.zeros(A.shape[:-1] + B.shape[-1:])
+        return z, z.copy(), z.copy()
+    enc = matmul_sliced(A, B)
+    rad = np.where(np.isfinite(enc.rad), enc.rad, np.inf)
+    return enc.hi, enc.lo, rad
+
+
+def dot_rows(X: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sum_c X[..., c] (hi + lo)[..., c], compensated (Dot2), and a bound on its error.
+
+    X holds exact values; the error bound is u |result| + gamma_{2n}**2 sum |X (hi + lo)|
+    (Ogita, Rump and Oishi), plus what dropping lo's own products' errors costs.
+    """
+    n = X.shape[-1]
+    s = np.zeros(X.shape[:-1])
+    c = np.zeros(X.shape[:-1])
+    absum = np.zeros(X.shape[:-1])
+    for j in range(n):
+        p, e, _ = two_prod(X[..., j], hi[..., j])
+        t = s + p
+        z = t - s
+        c += ((s - (t - z)) + (p - z)) + e + X[..., j] * lo[..., j]
+        s = t
+        absum += np.abs(X[..., j]) * (np.abs(hi[..., j]) + np.abs(lo[..., j]))
+    total = s + c
+    g2 = g(2 * n + 2)
+    err = up(U * np.abs(total) + (g2 * g2 / (1 - g2) * 4 + U * U * 4) * absum + n * TINY)
+    # Dekker's product is exact only away from overflow; there the bound gives up.
+    huge = (np.max(np.abs(X), axis=-1, initial=0.0) >= 2.0 ** 990) | (np.max(np.abs(hi), axis=-1, initial=0.0) >= 2.0 ** 990)
+    return total, np.where(huge | ~np.isfinite(err), np.inf, err)
+
+
+class FirstPass:
+    """The float64 enclosures of one attention problem, forward first, the backward on demand.
+
+    The matmuls whose errors would dominate are error-free sliced products
+    (:func:`exactref.engine.fast.matmul_sliced`), the row sums compensated, and
+    the exp bounded by :func:`exp_bounded`: what is left is a few units of
+    float64 rounding per quantity, so the rounding of a float32 or narrower
+    output is decided for all but a handful of elements.
+    """
+
+    def __init__(self, pb: Problem) -> None:
+        self.pb = pb
+        H, L, S = pb.H, pb.L, pb.S
+        self.Qh, self.Kh, self.Vh = pb.Q[pb.qi], pb.K[pb.ki], pb.V[pb.vi]
+        unmasked = ~pb.masked
+        self.unmasked = unmasked
+        s, ds = pb.scale.approx, pb.scale.err
+        with np.errstate(over="ignore", invalid="ignore"):
+            Kt = np.swapaxes(self.Kh, -1, -2)
+            d_hi, d_lo, d_rad = sliced(self.Qh, Kt)
+            # A bounds sum_c |q_ic k_jc|, the size every logit error of a kernel scales with.
+            self.A = matmul_up(np.abs(self.Qh), np.abs(Kt))
+            d = d_hi + d_lo
+            sD = s * d
+            Z = sD if pb.additive is None else sD + pb.additive
+            # |Z - x| for the exact logit x = s (q . k) + m.
+            ez = U * (np.abs(d) + np.abs(sD)) * abs(s) + abs(s) * d_rad + ds * (np.abs(d) + d_rad) + U * np.abs(sD)
+            if pb.additive is not None:
+                ez = ez + U * np.abs(Z)
+            ez = up(ez * (1 + 4 * U) + TINY)
+            Z = np.where(unmasked, Z, -np.inf)
+            ez = np.where(unmasked, ez, 0.0)
+            M = np.max(Z, axis=-1) if S else np.full((H, L), -np.inf)
+            self.full = M == -np.inf  # fully masked rows: output and gradients exactly 0
+            self.M = np.where(self.full, 0.0, M)
+            Y = Z - self.M[..., None]
+            ey = up(ez + U * np.where(unmasked, np.abs(Y), 0.0))
+            w, rel = exp_bounded(np.where(unmasked, Y, -np.inf))
+            w = np.where(unmasked, w, 0.0)
+            # The exp's own relative error compounds with that of its argument.
+            eps = np.where(unmasked, up(expm1_up(ey) * (1 + rel) + rel), 0.0)
+            epsbar = np.max(eps, axis=-1) if S else np.zeros((H, L))
+            W, W_err = _sum_rows(w)
+            self.P = w / np.where(self.full, 1.0, W)[..., None]
+            # |P~ - P| <= pi P + TINY for every unmasked weight of the row.
+            pi = up((1 + epsbar) * (1 + U) * (1 + W_err) / ((1 - epsbar) * (1 - U) * (1 - W_err)) - 1)
+            self.pi = np.where((epsbar < 0.5) & np.isfinite(pi), pi, np.inf)
+            self.Z, self.ez = Z, ez
+            self.logit_rowmax = np.max(np.where(unmasked, np.abs(Z) + ez, 0.0), axis=-1) if S else np.zeros((H, L))
+            self.P_up = up((self.P + TINY) / (1 - self.pi[..., None]))
+            self.P_up = np.where(unmasked, self.P_up, 0.0)
+            self.e_P = np.where(unmasked, up(self.P_up * self.pi[..., None] + TINY), 0.0)  # |P~ - P|
+
+            # Forward: out = P V.
+            self.absV = np.abs(self.Vh)
+            self.colsumV = np.sum(self.absV, axis=-2)  # (H, Ev)
+            self.O_hi, self.O_lo, rad = sliced(self.P, self.Vh)
+            self.O = self.O_hi + self.O_lo
+            self.rad_O = up(rad + matmul_up(self.e_P, self.absV) + U * np.abs(self.O))
+            self.rad_O = np.where(np.isfinite(self.rad_O), self.rad_O, np.inf)
+
+    # ------------------------------------------------------------------ backward
+
+    def backward(self, G: np.ndarray) -> None:
+        """Enclosures of dP = G V^T, D, dS for the output gradient G (H, L, Ev)."""
+        pb = self.pb
+        Ev = pb.Ev
+        unmasked = self.unmasked
+        with np.errstate(over="ignore", invalid="ignore"):
+            Vt = np.swapaxes(self.Vh, -1, -2)
+            dP_hi, dP_lo, dP_rad = sliced(G, Vt)
+            self.absG = np.abs(G)
+            self.B = matmul_up(self.absG, np.swapaxes(self.absV, -1, -2))
+            D, D_err = dot_rows(G, self.O_hi, self.O_lo) if Ev else (np.zeros(G.shape[:-1]),) * 2
+            e_D = up(D_err + np.einsum("hlc,hlc->hl", self.absG, self.rad_O) * (1 + g(Ev + 1)) + TINY)
+            # T = dP - D in double-double, so the cancellation between them costs nothing.
+            t_hi, t_lo = two_sum(dP_hi, -D[..., None])
+            T = t_hi + (t_lo + dP_lo)
+            e_T = up(dP_rad + e_D[..., None] + U * np.abs(T) * 2 + U * np.abs(dP_lo) + TINY)
+            dS = np.where(unmasked, self.P * T, 0.0)
+            absT = np.abs(T) + e_T
+            e_dS = up(self.e_P * absT + self.P * e_T + U * np.abs(dS))
+            e_dS = np.where(unmasked, e_dS, 0.0)
+        self.dP = dP_hi + dP_lo
+        self.e_dP = up(dP_rad + U * np.abs(self.dP))
+        self.D, self.e_D, self.T, self.e_T = D, e_D, T, e_T
+        self.dS, self.e_dS = dS, e_dS
+        self.G = G
+
+    def grad(self, which: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(hi, lo, radius) of one gradient in its operand's own batch, summed over the copies."""
+        pb = self.pb
+        cop = pb.copies(which)
+        n, c = cop.shape
+        s, ds = pb.scale.approx, pb.scale.err
+        with np.errstate(over="ignore", invalid="ignore"):
+            if which == "query":
+                # grad_q = s sum_copies dS K, the copies concatenated along the keys.
+                X, Xe = _cat_cols(self.dS, cop), _cat_cols(self.e_dS, cop)
+                Y = self.Kh[cop].reshape(n, c * pb.S, pb.E)
+            elif which == "key":
+                X, Xe = _cat_rows_t(self.dS, cop), _cat_rows_t(self.e_dS, cop)
+                Y = self.Qh[cop].reshape(n, c * pb.L, pb.E)
+            else:
+                X, Xe = _cat_rows_t(self.P, cop), _cat_rows_t(self.e_P, cop)
+                Y = self.G[cop].reshape(n, c * pb.L, pb.Ev)
+            hi, lo, rad = sliced(X, Y)
+            rad = up(rad + matmul_up(Xe, np.abs(Y)))
+            if which != "value":
+                # s (hi + lo): s's float64 value errs by ds, and the product by two roundings.
+                p_hi, p_lo, safe = two_prod(np.full_like(hi, s), hi)
+                val = np.abs(hi) + np.abs(lo) + rad
+                rad = up(abs(s) * rad + ds * val + 4 * U * (abs(s) * np.abs(lo) + np.abs(p_lo)) + TINY)
+                rad = np.where(safe, rad, np.inf)
+                hi, lo = p_hi, p_lo + s * lo
+        return hi, lo, np.where(np.isfinite(rad), rad, np.inf)
+
+
+def _cat_cols(X: np.ndarray, cop: np.ndarray) -> np.ndarray:
+    """(H, L, S) per head -> (n, L, copies*S): each batch element's copies side by side."""
+    n, c = cop.shape
+    Xc = X[cop]  # (n, c, L, S)
+    return np.moveaxis(Xc, 1, 2).reshape(n, X.shape[1], c * X.shape[2])
+
+
+def _cat_rows_t(X: np.ndarray, cop: np.ndarray) -> np.ndarray:
+    """(H, L, S) per head -> (n, S, copies*L): the transposes of the copies side by side."""
+    n, c = cop.shape
+    Xc = np.swapaxes(X[cop], -1, -2)  # (n, c, S, L)
+    return np.moveaxis(Xc, 1, 2).reshape(n, X.shape[2], c * X.shape[1])

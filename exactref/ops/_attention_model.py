@@ -1,0 +1,243 @@
+"""Attention's tolerance models: how far a correct kernel of an algorithm class may be from the exact value.
+
+The derivation is in docs/attention.md ("How the tolerance is derived");
+the names here follow it.  Every exact quantity a bound needs (a weight P,
+|dP - D|, ...) is replaced by an upper bound from the first pass, so the
+tolerance is an upper bound on the error of every kernel in the class, not
+an estimate.  Arithmetic is in the accumulation format ``acc`` (float32 for
+float16, bfloat16 and float32 inputs, float64 for float64), with unit
+roundoff u:
+
+1. the logits: every implementation computes x~_ij with
+   |x~_ij - x_ij| <= delta_ij = gamma_{E+4} |s| sum_c |q_ic k_jc|
+   + 2u (|x_ij| + |m_ij|) + 2u (|M_i| + |x_ij - M_i| + 2 ln S + 1) + underflow,
+   the last term paying for the shift by the row maximum, or by a stored
+   logsumexp, or by exp2's log2(e) prescaling;
+2. the weights: P~_ij = P_ij (1 + rho_ij) with
+   1 + rho_ij <= exp(delta_ij + r_i) F / (1 - h_i),
+   h_i = sum_j P_ij (exp(delta_ij) - 1), F = (1 + k u) / (1 - k u) /
+   ((1 - gamma_{S + nb}) (1 - u)**2), k the exp's error in units of u, nb
+   the number of online-softmax blocks and r_i their rescalings;
+3. the products with the weights (P V, P^T dO) and with dS (dS K, dS^T Q):
+   each term off by its factor's relative error, plus gamma_n of the sum of
+   |terms| for n-term sums in any order, plus the rounding of P or dS to a
+   half input's format where the class does that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine.fast import gamma, up
+from ..formats import FLOAT32, Format
+from ._attention_first import FirstPass, _cat_cols, _cat_rows_t, expm1_up, matmul_up
+
+__all__ = ["AttentionTolerance", "backward_tolerance", "forward_tolerance"]
+
+# Every tolerance is multiplied by this, paying for the float64 rounding of
+# the bound's own computation and the second-order terms left out above.
+_SLACK = 1.0 + 2.0 ** -20
+
+
+@dataclass(frozen=True)
+class AttentionTolerance:
+    """The algorithm class one direction (forward or backward) of attention is judged under.
+
+    exp_error
+        Relative error of the exp the kernel uses, in units of the
+        accumulation format's unit roundoff.  16 covers Sleef's expf (1
+        ulp), PyTorch's ``exp_u20`` (8.0 u measured over every float32 in
+        [-87.34, 0]) and CUDA's ``ex2.approx``.
+    kv_block
+        Keys per block of an online softmax, whose running maximum rescales
+        the partial sums (None: one block per row).  Smaller blocks mean more
+        rescalings, so a class with block b covers kernels with blocks >= b.
+    weights_in_input_format
+        For float16 and bfloat16 inputs, the weights are rounded to the input
+        format before they multiply V (forward) or dO (grad_value).
+    ds_in_input_format
+        For float16 and bfloat16 inputs, dS is rounded to the input format
+        before it multiplies K (grad_query) or Q (grad_key).
+    grad_query_block, grad_key_block
+        The gradients are accumulated over blocks of keys (grad_query) or of
+        query rows (grad_key, grad_value), adding one rounding per block.
+    blocks_in_output_format
+        Those running sums are stored in the output format between blocks
+        (PyTorch's CPU fused backward for float16 and bfloat16).
+    """
+
+    name: str
+    exp_error: float = 16.0
+    kv_block: int | None = None
+    weights_in_input_format: bool = False
+    ds_in_input_format: bool = False
+    grad_query_block: int | None = None
+    grad_key_block: int | None = None
+    blocks_in_output_format: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.exp_error, (int, float)) and 0 <= self.exp_error < 2 ** 20):
+            raise ValueError(f"exp_error={self.exp_error!r} must be a number of unit roundoffs in [0, 2**20)")
+        for name in ("kv_block", "grad_query_block", "grad_key_block"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r} must be None or a positive int")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _blocks(n: int, block: int | None) -> int:
+    return max(1, math.ceil(n / block)) if block else 1
+
+
+def acc_format(fmt: Format) -> Format:
+    """The format attention computes in: float32 for half inputs (PyTorch's opmath type)."""
+    return fmt if fmt.p >= FLOAT32.p else FLOAT32
+
+
+def _g(n: int, u: float) -> float:
+    return float(gamma(max(n, 0), u))
+
+
+class _Weights:
+    """rho (relative error bound of the kernel's weights) and the shared bounds, for one model."""
+
+    def __init__(self, fp: FirstPass, model: AttentionTolerance, fmt: Format) -> None:
+        pb = fp.pb
+        acc = acc_format(fmt)
+        u = acc.unit_roundoff
+        self.u, self.acc = u, acc
+        self.eta = acc.min_normal  # an underflow, flushed to zero or not, costs at most this
+        S, E = pb.S, pb.E
+        k = model.exp_error
+        nb = _blocks(S, model.kv_block)
+        s = pb.scale.magnitude
+        sigma = math.sqrt(s)
+        with np.errstate(over="ignore", invalid="ignore"):
+            absZ = np.where(fp.unmasked, np.abs(fp.Z), 0.0)
+            ezmax = np.max(fp.ez, axis=-1, keepdims=True) if S else np.zeros(fp.ez.shape[:-1] + (1,))
+            x_up = absZ + fp.ez
+            M_up = np.abs(fp.M)[..., None] + ezmax
+            shift = np.abs(np.where(fp.unmasked, fp.Z - fp.M[..., None], 0.0)) + fp.ez + ezmax
+            m_abs = 0.0 if pb.additive is None else np.abs(pb.additive)
+            l1q = np.sum(np.abs(fp.Qh), axis=-1)[..., :, None]
+            l1k = np.sum(np.abs(fp.Kh), axis=-1)[..., None, :]
+            delta = (_g(E + 4, u) * s * fp.A + 2 * u * (x_up + m_abs)
+                     + 2 * u * (M_up + shift + 2 * math.log(max(S, 1)) + 1)
+                     + self.eta * (2 * sigma * (1 + u) * (l1q + l1k) + 4 * E) * (1 + s))
+            delta = up(np.where(fp.unmasked, delta, 0.0))
+            h = np.sum(fp.P_up * expm1_up(delta), axis=-1)
+            r = (nb - 1) * (2 * (k + 2) * u + 4 * u * fp.logit_rowmax) if nb > 1 else np.zeros_like(h)
+            F = (1 + k * u) / (1 - k * u) / ((1 - _g(S + nb, u)) * (1 - u) ** 2)
+            rho = up((1 + expm1_up(delta + r[..., None])) * (F * (1 + 2 ** -50)) / (1 - h[..., None]) - 1)
+            rho = np.where((h < 0.5)[..., None] & np.isfinite(rho), rho, np.inf)
+        self.rho = np.where(fp.unmasked, rho, 0.0)
+        self.nb = nb
+        # Where a logit, q sqrt(s) or k sqrt(s) may overflow acc, NaN and inf are acceptable.
+        big = acc.max_finite / 2
+        with np.errstate(over="ignore", invalid="ignore"):
+            logit = s * fp.A * 2 + m_abs
+            row = np.any(np.where(fp.unmasked, logit >= big, False), axis=-1)
+            qbig = sigma * np.max(np.abs(fp.Qh), axis=-1, initial=0.0) >= big
+            kbig = np.any(sigma * np.max(np.abs(fp.Kh), axis=-1, initial=0.0) >= big, axis=-1)
+        self.row_overflow = row | qbig | kbig[:, None]
+
+
+def forward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format
+                      ) -> tuple[np.ndarray, np.ndarray, _Weights]:
+    """E (H, L, Ev) for the output, where partial results may overflow, and the weights' bounds."""
+    pb = fp.pb
+    wts = _Weights(fp, model, fmt)
+    u, eta = wts.u, wts.eta
+    S = pb.S
+    half = fmt.p < wts.acc.p
+    u_p = fmt.unit_roundoff if (model.weights_in_input_format and half) else 0.0
+    eta_p = fmt.min_subnormal if (model.weights_in_input_format and half) else 0.0
+    n = S + wts.nb + 1
+    gn = _g(n, u)
+    with np.errstate(over="ignore", invalid="ignore"):
+        coef = fp.P_up * (wts.rho + (1 + wts.rho) * ((1 + u_p) * (1 + gn) - 1))
+        E = matmul_up(coef, fp.absV)
+        E = E + ((eta_p + eta) * (1 + gn) * fp.colsumV)[:, None, :] + 2 * n * eta
+        E = up(E * _SLACK)
+        E = np.where(np.isfinite(E), E, np.inf)
+        colbig = (S * np.max(fp.absV, axis=-2, initial=0.0)) >= wts.acc.max_finite / 2
+    overflow = wts.row_overflow[..., None] | colbig[:, None, :]
+    return E, overflow, wts
+
+
+def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray,
+                       which: str) -> tuple[np.ndarray, np.ndarray]:
+    """E and the overflow marks of one gradient (in its operand's own batch), under ``model``.
+
+    ``E_fwd`` is the forward tolerance of the kernel whose stored output a
+    fused backward reads to form D = rowsum(dO * O).
+    """
+    pb = fp.pb
+    wts = getattr(fp, "_bwd_weights", {}).get(model)
+    if wts is None:
+        wts = _Weights(fp, model, fmt)
+        fp.__dict__.setdefault("_bwd_weights", {})[model] = wts
+    u, eta = wts.u, wts.eta
+    half = fmt.p < wts.acc.p
+    u_o, eta_o = fmt.unit_roundoff, fmt.min_subnormal
+    L, S, Ev = pb.L, pb.S, pb.Ev
+    rho = wts.rho
+    s = pb.scale.magnitude
+    big = wts.acc.max_finite / 2
+    cop = pb.copies(which)
+    n_own, c = cop.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        e_dPm = _g(Ev + 1, u) * fp.B + 2 * Ev * eta
+        dP_up = np.abs(fp.dP) + fp.e_dP
+        gS = _g(S + wts.nb + 1, u)
+        e_Da = (np.sum(fp.P_up * (rho * dP_up + (1 + rho) * e_dPm), axis=-1)
+                + gS * np.sum(fp.P_up * (1 + rho) * (dP_up + e_dPm), axis=-1) + S * eta)
+        o_up = np.abs(fp.O) + fp.rad_O
+        o_err = E_fwd * (1 + u_o) + u_o * o_up + eta_o
+        e_Db = (np.einsum("hlc,hlc->hl", fp.absG, o_err)
+                + _g(Ev + 1, u) * np.einsum("hlc,hlc->hl", fp.absG, o_up + o_err) + Ev * eta)
+        e_D = up(np.maximum(e_Da, e_Db) * _SLACK)[..., None]
+        t_up = np.abs(fp.T) + fp.e_T
+        grow = (1 + rho) * (1 + u) ** 2
+        e_S = fp.P_up * ((grow - 1) * t_up + grow * (e_dPm + e_D)) + eta
+        dS_up = np.abs(fp.dS) + fp.e_dS
+        if model.ds_in_input_format and half:
+            e_S = e_S + u_o * (dS_up + e_S) + eta_o
+        e_S = up(np.where(fp.unmasked, e_S, 0.0))
+        head_big = wts.row_overflow.any(axis=-1) | np.any(fp.B >= big, axis=(-1, -2))
+
+        if which == "value":
+            u_p = u_o if (model.weights_in_input_format and half) else 0.0
+            eta_p = eta_o if (model.weights_in_input_format and half) else 0.0
+            blocks = _blocks(L, model.grad_key_block)
+            depth = L * c + blocks + 2
+            gd = _g(depth, u)
+            coef = fp.P_up * (rho + (1 + rho) * ((1 + u_p) * (1 + gd) - 1))
+            absG = fp.absG[cop].reshape(n_own, c * L, Ev)
+            Pcat = _cat_rows_t(fp.P_up, cop)
+            E = matmul_up(_cat_rows_t(coef, cop), absG)
+            colsumG = np.sum(absG, axis=-2)[:, None, :]
+            E = E + (eta_p + eta) * (1 + gd) * colsumG + 2 * depth * eta
+            bound = matmul_up(Pcat, absG)
+            if model.blocks_in_output_format and half:
+                E = E + _g(blocks, u_o) * (bound + E)
+        else:
+            X, Y = (_cat_cols, fp.Kh) if which == "query" else (_cat_rows_t, fp.Qh)
+            rows = S if which == "query" else L
+            blocks = _blocks(rows, model.grad_query_block if which == "query" else model.grad_key_block)
+            depth = rows * c + blocks + 6
+            gd = _g(depth, u)
+            absY = np.abs(Y)[cop].reshape(n_own, c * rows, pb.E)
+            E = s * matmul_up(X(e_S + gd * (dS_up + e_S), cop), absY) + 2 * depth * eta * (1 + s)
+            bound = s * matmul_up(X(dS_up + e_S, cop), absY)
+            if model.blocks_in_output_format and half:
+                E = E + _g(blocks, u_o) * (bound + E)
+        E = up(E * _SLACK)
+        E = np.where(np.isfinite(E), E, np.inf)
+        overflow = (bound + E >= big) | head_big[cop].any(axis=1)[:, None, None]
+    return E, overflow

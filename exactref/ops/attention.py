@@ -1,0 +1,268 @@
+"""scaled_dot_product_attention: forward, backward, tolerances and normal answers.
+
+Semantics are those of PyTorch's math path (``_scaled_dot_product_attention_math``):
+
+* ``softmax(s Q K^T + mask) V`` with s = ``scale``, by default exactly
+  1/sqrt(E) (the irrational number, not its float);
+* a bool mask attends where True; a float mask is added to the logits, and
+  its -inf entries mask like False; ``is_causal`` masks key j from query i
+  when j > i (aligned top-left), or, with ``causal_alignment="bottom_right"``,
+  when j > i + S - L, as FlashAttention 2.1 and later do;
+* a row whose every key is masked gives 0, as PyTorch's ``_safe_softmax``
+  does, and its gradients are 0;
+* batch dimensions broadcast, and with ``enable_gqa`` the heads of key and
+  value are repeated (``repeat_interleave``) to the query's;
+* dropout is refused: it is random, so it has no exact value.
+
+The backward returns ``grad_query = s dS K``, ``grad_key = s dS^T Q`` and
+``grad_value = P^T dO`` with ``dP = dO V^T``, ``D = rowsum(P * dP)`` and
+``dS = P * (dP - D)``; each is summed over the broadcast copies and GQA groups
+of its operand and rounded once.  A float mask gets no gradient.
+
+How each element is decided (first pass, Arb, exact analysis) is in
+``_attention_certified``; the tolerance models are in ``_attention_model``
+and derived in docs/attention.md.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from ..formats import Format
+from ..result import Gradients, Result, judge
+from ..rounding import decide, next_down, next_up
+from . import _attention_second as second
+from ._attention_certified import Refiner
+from ._attention_first import FirstPass
+from ._attention_model import AttentionTolerance, backward_tolerance, forward_tolerance
+from ._attention_problem import Problem, ieee_math_path, read_problem
+from ._common import Op, read_grad
+
+__all__ = ["AttentionAlgorithm", "AttentionTolerance", "scaled_dot_product_attention"]
+
+OP = "scaled_dot_product_attention"
+_CPU_KV_SPLIT = 512  # kv_split_size of PyTorch's CPU flash kernel
+_CPU_Q_SPLIT = 32  # its smallest q_split_size
+
+
+class AttentionAlgorithm(enum.Enum):
+    """The algorithm classes attention is judged under; the names are ``torch.nn.attention.SDPBackend``'s.
+
+    Each member carries ``tolerance`` (its forward model) and
+    ``backward_tolerance``, both :class:`AttentionTolerance`.
+
+    MATH
+        PyTorch's math path: half inputs upcast to float32, sqrt(s) applied
+        to q and to k, a float32 softmax, two matmuls, and autograd through
+        them.  The class also holds PyTorch's CPU fused kernel
+        (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) for
+        float32 and float64 inputs, which CPU dispatch picks by default.
+    FLASH_ATTENTION
+        Fused kernels with an online softmax over blocks of keys, the
+        weights and dS rounded to a half input's format before their
+        matmuls, a backward that recomputes the weights from a stored
+        logsumexp and reads the stored output for D, and gradients kept in
+        the output format between blocks (PyTorch's CPU fused kernel for
+        float16 and bfloat16).
+    EFFICIENT_ATTENTION, CUDNN_ATTENTION
+        As FLASH_ATTENTION, with the gradients accumulated in float32 to
+        the end, as the GPU kernels do.
+    """
+
+    MATH = (
+        AttentionTolerance("math", kv_block=_CPU_KV_SPLIT),
+        AttentionTolerance("math.backward", grad_query_block=_CPU_KV_SPLIT, grad_key_block=_CPU_Q_SPLIT),
+    )
+    FLASH_ATTENTION = (
+        AttentionTolerance("flash_attention", kv_block=16, weights_in_input_format=True),
+        AttentionTolerance("flash_attention.backward", weights_in_input_format=True, ds_in_input_format=True,
+                           grad_query_block=_CPU_KV_SPLIT, grad_key_block=_CPU_Q_SPLIT,
+                           blocks_in_output_format=True),
+    )
+    EFFICIENT_ATTENTION = (
+        AttentionTolerance("efficient_attention", kv_block=16, weights_in_input_format=True),
+        AttentionTolerance("efficient_attention.backward", weights_in_input_format=True,
+                           ds_in_input_format=True, grad_query_block=16, grad_key_block=16),
+    )
+    CUDNN_ATTENTION = (
+        AttentionTolerance("cudnn_attention", kv_block=16, weights_in_input_format=True),
+        AttentionTolerance("cudnn_attention.backward", weights_in_input_format=True,
+                           ds_in_input_format=True, grad_query_block=16, grad_key_block=16),
+    )
+
+    @property
+    def tolerance(self) -> AttentionTolerance:
+        """The forward's algorithm class."""
+        return self.value[0]
+
+    @property
+    def backward_tolerance(self) -> AttentionTolerance:
+        """The backward's algorithm class."""
+        return self.value[1]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _check_algorithm(algorithm: Any) -> AttentionAlgorithm:
+    if isinstance(algorithm, AttentionAlgorithm):
+        return algorithm
+    if isinstance(algorithm, str) and algorithm.upper() in AttentionAlgorithm.__members__:
+        return AttentionAlgorithm[algorithm.upper()]
+    name = getattr(algorithm, "name", None)
+    if type(algorithm).__name__ == "SDPBackend" and name in AttentionAlgorithm.__members__:
+        return AttentionAlgorithm[name]
+    raise TypeError(f"{OP}: algorithm={algorithm!r} is not an AttentionAlgorithm; use one of "
+                    f"{', '.join('er.AttentionAlgorithm.' + m for m in AttentionAlgorithm.__members__)}")
+
+
+class _State:
+    """One attention call: the problem, its first pass and its refiner, shared by forward and backward."""
+
+    def __init__(self, pb: Problem) -> None:
+        self.pb = pb
+        self.special_out = None
+        if pb.any_nonfinite:
+            ieee = ieee_math_path(pb, None)
+            # A logit the math path makes -inf masks its key, as a -inf mask entry does.
+            pb.masked |= ieee["neg_inf_logit"]
+            self.special_out = ieee["out"]
+        self.fp = FirstPass(pb)
+        self._fwd_E: dict[AttentionTolerance, tuple[np.ndarray, np.ndarray]] = {}
+
+    def forward_E(self, model: AttentionTolerance) -> tuple[np.ndarray, np.ndarray]:
+        if model not in self._fwd_E:
+            E, overflow, _ = forward_tolerance(self.fp, model, self.pb.fmt)
+            self._fwd_E[model] = (E, overflow)
+        return self._fwd_E[model]
+
+
+def _decide(passes: tuple[second.SecondPass, Refiner], which: str,
+            enclosure: tuple[np.ndarray, np.ndarray, np.ndarray], fmt: Format, special: np.ndarray | None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rounded values and float64 bounds x_lo <= exact <= x_hi, refining what the first pass leaves open.
+
+    Elements whose normal answer is a special value are not refined: the special value replaces them.
+    """
+    hi, lo, rad = enclosure
+    with np.errstate(invalid="ignore", over="ignore"):
+        rounded, ok = decide(hi, lo, rad, fmt)
+        if special is not None:
+            ok = ok | (special.reshape(ok.shape) != 0)
+        mid = hi + lo
+        x_lo = next_down(next_down(mid) - rad)
+        x_hi = next_up(next_up(mid) + rad)
+    rounded, x_lo, x_hi = (a.reshape(-1).copy() for a in (rounded, x_lo, x_hi))
+    pending = np.flatnonzero(~ok.reshape(-1))
+    if pending.size:
+        # Exact zeros (a row with one key, a zero row of dO, ...) need no recomputation.
+        zero = passes[1].structural_zeros(which, pending)
+        rounded[pending[zero]], x_lo[pending[zero]], x_hi[pending[zero]] = 0.0, 0.0, 0.0
+        pending = pending[~zero]
+    if pending.size and second.available():
+        # The second pass recomputes the undecided elements in 64-bit extended precision.
+        hi2, lo2, rad2 = passes[0].enclose(which, pending)
+        with np.errstate(invalid="ignore", over="ignore"):
+            r2, ok2 = decide(hi2, lo2, rad2, fmt)
+            mid = hi2 + lo2
+            lo_b, hi_b = next_down(next_down(mid) - rad2), next_up(next_up(mid) + rad2)
+        done = pending[ok2]
+        rounded[done], x_lo[done], x_hi[done] = r2[ok2], lo_b[ok2], hi_b[ok2]
+        pending = pending[~ok2]
+    for f, (r, lo, hi) in passes[1].refine(which, pending, fmt).items():
+        rounded[f], x_lo[f], x_hi[f] = r, lo, hi
+    return rounded, x_lo, x_hi
+
+
+def _result(st: _State, passes: tuple[second.SecondPass, Refiner], which: str,
+            enclosure: tuple[np.ndarray, np.ndarray, np.ndarray], E: np.ndarray, overflow: np.ndarray,
+            special: np.ndarray | None, algorithm: AttentionAlgorithm, backward: Any = None) -> Result:
+    pb = st.pb
+    fmt = pb.fmt
+    shape = pb.out_shape if which == "out" else pb.shapes[which]
+    rounded, x_lo, x_hi = _decide(passes, which, enclosure, fmt, special)
+    part = judge(rounded, x_lo, x_hi, E.reshape(-1), fmt,
+                 special=None if special is None else special.reshape(-1), overflow=overflow.reshape(-1))
+    for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
+        setattr(part, name, np.asarray(getattr(part, name)).reshape(shape))
+    refiner = passes[1]
+
+    def exact(index: tuple[int, ...]) -> Any:
+        return refiner.exact_value(which, int(np.ravel_multi_index(index, shape)))
+
+    return Result(op=refiner.name(which), fmt=fmt, parts=[part], model=algorithm, exact=exact,
+                  backward=backward, no_backward=f"{refiner.name(which)} has no backward")
+
+
+def _forward(st: _State, algorithm: AttentionAlgorithm) -> Result:
+    fp = st.fp
+    E, overflow = st.forward_E(algorithm.tolerance)
+
+    def backward(grad: Any) -> Gradients:
+        return _backward(st, grad, algorithm)
+
+    passes = (second.SecondPass(st.pb, fp, None), Refiner(st.pb, fp, OP, None))
+    return _result(st, passes, "out", (fp.O_hi, fp.O_lo, fp.rad_O), E, overflow, st.special_out, algorithm,
+                   backward)
+
+
+def _backward(st: _State, grad: Any, algorithm: AttentionAlgorithm) -> Gradients:
+    pb, fp = st.pb, st.fp
+    G_out = read_grad(grad, pb.fmt, pb.out_shape, OP)
+    G_raw = G_out.reshape(pb.H, pb.L, pb.Ev)
+    specials = None
+    if pb.any_nonfinite or not np.isfinite(G_raw).all():
+        specials = ieee_math_path(pb, G_raw)
+    G = np.where(np.isfinite(G_raw), G_raw, 0.0)
+    fp.backward(G)
+    # Each backward gets its own passes: what they cache depends on the output gradient.
+    passes = (second.SecondPass(pb, fp, G), Refiner(pb, fp, OP, G))
+    E_fwd, _ = st.forward_E(algorithm.tolerance)
+    results = {}
+    for which in ("query", "key", "value"):
+        enclosure = fp.grad(which)
+        E, overflow = backward_tolerance(fp, algorithm.backward_tolerance, pb.fmt, E_fwd, which)
+        special = None if specials is None else specials["grad_" + which]
+        results["grad_" + which] = _result(st, passes, which, enclosure, E, overflow, special, algorithm)
+    absent = {"grad_attn_mask": "a float attn_mask gets no gradient (ExactRef's attention, like "
+                                "PyTorch's fused kernels, treats the mask as a constant)"}
+    return Gradients(f"{OP}.backward", results, absent)
+
+
+def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False, *, causal_alignment: str = "top_left",
+                                 algorithm: AttentionAlgorithm = AttentionAlgorithm.MATH) -> Result:
+    """The exact ``softmax(scale * query @ key^T + mask) @ value``, rounded once, as PyTorch's math path defines it.
+
+    ``query`` is (..., L, E), ``key`` (..., S, E) and ``value`` (..., S, Ev),
+    all in one real format; ``attn_mask`` is bool (attend where True) or a
+    float format (added), broadcastable to (..., L, S).  ``causal_alignment``
+    ("top_left" or "bottom_right") places the causal mask when
+    ``is_causal=True``.  ``algorithm`` names the class of kernels the
+    tolerance holds for.
+
+    >>> import exactref as er
+    >>> q = [[1.0, 0.0]]
+    >>> er.scaled_dot_product_attention(q, [[1.0, 0.0], [1.0, 0.0]], [[1.0], [3.0]]).rounded.tolist()
+    [[2.0]]
+    """
+    algorithm = _check_algorithm(algorithm)
+    pb = read_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment)
+    return _forward(_State(pb), algorithm)
+
+
+def _standalone_backward(query: Any, key: Any, value: Any, grad: Any, attn_mask: Any = None,
+                         dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                         enable_gqa: bool = False, *, causal_alignment: str = "top_left",
+                         algorithm: AttentionAlgorithm = AttentionAlgorithm.MATH) -> Gradients:
+    """grad_query, grad_key and grad_value of scaled_dot_product_attention for the output gradient ``grad``."""
+    algorithm = _check_algorithm(algorithm)
+    pb = read_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment)
+    return _backward(_State(pb), grad, algorithm)
+
+
+scaled_dot_product_attention = Op(OP, scaled_dot_product_attention, _standalone_backward)

@@ -1,0 +1,310 @@
+"""scaled_dot_product_attention's arguments, semantics, special values and ReferenceUnavailableError."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+
+import flint
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import exactref as er
+from exactref.ops._attention_first import exp_bounded
+from exactref.ops.attention import AttentionTolerance
+
+sdpa = er.scaled_dot_product_attention
+
+
+def _qkv(shape=(1, 2, 4, 8), seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=gen).to(dtype) for _ in range(3))
+
+
+def _math(q, k, v, grad, **kw):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(*leaves, **kw)
+    out.backward(grad)
+    return out.detach(), [t.grad for t in leaves]
+
+
+# ---------------------------------------------------------------------------- the spec's third block
+
+
+def test_the_spec_block_on_attention_prints_true_three_times():
+    # backward.txt, "Checking against PyTorch's autograd": same draws, same calls.
+    rng = random.Random(0)
+
+    def randn(*shape):
+        values = [rng.gauss(0, 1) for _ in range(math.prod(shape))]
+        return torch.tensor(values).reshape(shape)
+
+    randn(16, 32), randn(32, 8), randn(16, 8)  # the block before draws A, B and grad first
+    q, k, v = randn(1, 2, 8, 16), randn(1, 2, 8, 16), randn(1, 2, 8, 16)
+    q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
+    grad = randn(1, 2, 8, 16)
+    out.backward(grad)
+    g = sdpa(q, k, v, is_causal=True).backward(grad)
+    for name, t in [("grad_query", q_), ("grad_key", k_), ("grad_value", v_)]:
+        assert g[name].covers(t.grad).all(), name
+
+
+# ---------------------------------------------------------------------------- argument checks
+
+Q = np.zeros((2, 3, 4), dtype=np.float32)
+K = np.zeros((2, 5, 4), dtype=np.float32)
+V = np.zeros((2, 5, 6), dtype=np.float32)
+
+BAD_ARGUMENTS = [
+    # (arguments, exception, pattern the message must match)
+    ({"dropout_p": 0.1}, ValueError, r"dropout_p=0\.1 is not supported"),
+    ({"dropout_p": "0"}, TypeError, r"dropout_p='0' must be a number"),
+    ({"is_causal": 1}, TypeError, r"is_causal=1 must be a bool"),
+    ({"enable_gqa": "yes"}, TypeError, r"enable_gqa='yes' must be a bool"),
+    ({"is_causal": True, "attn_mask": np.ones((3, 5), bool)}, ValueError, r"is_causal=True and an attn_mask"),
+    ({"causal_alignment": "lower_right", "is_causal": True}, ValueError, r"causal_alignment='lower_right'"),
+    ({"causal_alignment": "bottom_right"}, ValueError, r"only applies with is_causal=True"),
+    ({"scale": "x"}, TypeError, r"scale='x' must be None or a real number"),
+    ({"scale": math.inf}, ValueError, r"scale=inf must be finite"),
+    ({"attn_mask": np.ones((4, 5), bool)}, ValueError, r"attn_mask has shape \(4, 5\)"),
+    ({"attn_mask": np.ones((3, 5), np.int32)}, TypeError, r"attn_mask has dtype int32"),
+    ({"algorithm": "fastest"}, TypeError, r"algorithm='fastest' is not an AttentionAlgorithm"),
+    ({"query": np.zeros((2, 3, 5), np.float32)}, ValueError, r"query has 5 features .* key has 4"),
+    ({"value": np.zeros((2, 4, 6), np.float32)}, ValueError, r"key has 5 positions .* value has 4"),
+    ({"value": V.astype(np.float64)}, TypeError, r"one dtype, got float32, float32 and float64"),
+    ({"query": np.zeros(4, np.float32)}, ValueError, r"query must have at least 2 dimensions.*\(4,\)"),
+    ({"query": np.zeros((2, 3, 0), np.float32), "key": np.zeros((2, 5, 0), np.float32)}, ValueError,
+     r"default scale 1/sqrt\(0\)"),
+    ({"query": np.zeros((3, 3, 4), np.float32)}, ValueError, r"batch dimensions of query \(3,\)"),
+    ({"query": np.zeros((1, 3, 3, 4), np.float32), "key": np.zeros((1, 2, 5, 4), np.float32), "value": np.zeros((1, 2, 5, 6), np.float32), "enable_gqa": True}, ValueError, r"divide the heads of query"),
+    ({"query": np.zeros((1, 4, 3, 4), np.float32), "key": np.zeros((1, 2, 5, 4), np.float32), "value": np.zeros((1, 2, 5, 6), np.float32)}, ValueError, r"needs enable_gqa=True"),
+    ({"query": np.zeros((2, 3, 4), np.complex64)}, TypeError, r"query has dtype complex64"),
+]
+
+
+@pytest.mark.parametrize("arguments,error,pattern", BAD_ARGUMENTS, ids=lambda x: str(x)[:40])
+def test_bad_arguments_are_refused_naming_the_argument(arguments, error, pattern):
+    kw = dict(arguments)
+    call = {"query": kw.pop("query", Q), "key": kw.pop("key", K), "value": kw.pop("value", V)}
+    with pytest.raises(error, match=pattern):
+        sdpa(**call, **kw)
+    # The standalone backward checks the same arguments first.
+    with pytest.raises(error, match=pattern):
+        sdpa.backward(**call, grad=np.zeros((2, 3, 6), np.float32), **kw)
+
+
+@pytest.mark.parametrize("grad,error,pattern", [
+    (None, TypeError, r"needs grad"),
+    (np.zeros((2, 6, 3), np.float32), ValueError, r"grad has shape \(2, 6, 3\) but .* has shape \(2, 3, 6\)"),
+    (np.zeros((2, 3, 6), np.float64), TypeError, r"grad has dtype float64"),
+])
+def test_bad_grad_is_refused(grad, error, pattern):
+    with pytest.raises(error, match=pattern):
+        sdpa(Q, K, V).backward(grad)
+
+
+def test_float_mask_gets_no_gradient_and_says_why():
+    g = sdpa(Q, K, V, attn_mask=np.zeros((3, 5), np.float32)).backward(np.ones((2, 3, 6), np.float32))
+    assert set(g) == {"grad_query", "grad_key", "grad_value"}
+    with pytest.raises(KeyError, match="attn_mask gets no gradient"):
+        g["grad_attn_mask"]
+
+
+def test_algorithm_accepts_members_names_and_sdp_backends():
+    q, k, v = _qkv()
+    assert sdpa(q, k, v, algorithm="flash_attention").model is er.AttentionAlgorithm.FLASH_ATTENTION
+    assert sdpa(q, k, v, algorithm=SDPBackend.EFFICIENT_ATTENTION).model is er.AttentionAlgorithm.EFFICIENT_ATTENTION
+    for member in er.AttentionAlgorithm:
+        assert member.name in SDPBackend.__members__
+        assert isinstance(member.tolerance, AttentionTolerance)
+        assert isinstance(member.backward_tolerance, AttentionTolerance)
+
+
+# ---------------------------------------------------------------------------- semantics
+
+
+def test_fully_masked_rows_give_zero_forward_and_backward_as_the_math_path_does():
+    q, k, v = _qkv((1, 2, 4, 8), seed=1)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False
+    grad = torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(2))
+    out, grads = _math(q, k, v, grad, attn_mask=mask)
+    r = sdpa(q, k, v, attn_mask=mask)
+    g = r.backward(grad)
+    assert (r.rounded[:, :, 2] == 0).all() and (out[:, :, 2] == 0).all()
+    assert (g.rounded.grad_query[:, :, 2] == 0).all() and (grads[0][:, :, 2] == 0).all()
+    assert r.covers(out).all()
+    for name, t in zip(("grad_query", "grad_key", "grad_value"), grads):
+        assert g[name].covers(t).all()
+    # A float mask of -inf masks the same way.
+    fmask = torch.where(mask, 0.0, -math.inf)
+    assert np.array_equal(sdpa(q, k, v, attn_mask=fmask).rounded, r.rounded)
+
+
+def test_bottom_right_causal_alignment_is_pytorchs_causal_lower_right():
+    from torch.nn.attention.bias import causal_lower_right
+
+    q, _, _ = _qkv((1, 2, 3, 8), seed=3)
+    _, k, v = _qkv((1, 2, 6, 8), seed=4)
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(3, 6))
+        top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    r = sdpa(q, k, v, is_causal=True, causal_alignment="bottom_right")
+    assert r.covers(out).all()
+    assert not r.covers(top_left).all()
+
+
+def test_broadcast_and_gqa_gradients_are_summed_over_copies():
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 3, 8, generator=gen)
+    k, v = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen)
+    grad = torch.randn(2, 4, 3, 8, generator=gen)
+    out, grads = _math(q, k, v, grad, enable_gqa=True)
+    r = sdpa(q, k, v, enable_gqa=True)
+    g = r.backward(grad)
+    assert g.rounded.grad_key.shape == (1, 2, 5, 8)
+    assert r.covers(out).all()
+    for name, t in zip(("grad_query", "grad_key", "grad_value"), grads):
+        assert g[name].covers(t).all()
+
+
+def test_exact_gives_a_certified_ball_that_rounds_to_rounded():
+    q, k, v = _qkv((1, 1, 3, 4), seed=6)
+    r = sdpa(q, k, v)
+    ball = r.exact((0, 0, 1, 2))
+    assert isinstance(ball, flint.arb)
+    assert ball.rad() < 2.0 ** -100
+    assert np.float32(float(ball.mid())) == r.rounded[0, 0, 1, 2]
+
+
+def test_two_dimensional_inputs_and_an_empty_key_set():
+    q = np.ones((2, 3), np.float32)
+    r = sdpa(q, q, np.array([[1.0], [3.0]], np.float32))
+    assert r.rounded.tolist() == [[2.0], [2.0]]
+    empty = sdpa(q, np.zeros((0, 3), np.float32), np.zeros((0, 2), np.float32))
+    assert empty.rounded.tolist() == [[0.0, 0.0], [0.0, 0.0]]
+
+
+# ---------------------------------------------------------------------------- special values
+
+
+def test_special_values_follow_the_math_path():
+    q, k, v = _qkv((1, 1, 4, 4), seed=8)
+    q[0, 0, 1, 2] = math.nan
+    v[0, 0, 3, 0] = math.inf
+    mask = torch.zeros(4, 4)
+    mask[2, 1] = math.inf
+    grad = torch.ones(1, 1, 4, 4)
+    grad[0, 0, 0, 3] = -math.inf
+    out, grads = _math(q, k, v, grad, attn_mask=mask)
+    r = sdpa(q, k, v, attn_mask=mask)
+    g = r.backward(grad)
+    assert np.array_equal(np.isnan(r.rounded), out.isnan().numpy())
+    assert np.array_equal(np.isinf(r.rounded), out.isinf().numpy())
+    assert r.covers(out).all()
+    for name, t in zip(("grad_query", "grad_key", "grad_value"), grads):
+        assert np.array_equal(np.isnan(g[name].rounded), t.isnan().numpy()), name
+        assert g[name].covers(t).all(), name
+    # The normal answer is what covers() insists on: a finite value where NaN is due is refused.
+    assert not r.covers(torch.nan_to_num(out)).all()
+
+
+def test_bfloat16_logit_overflow_accepts_the_math_paths_nan_but_keeps_the_exact_value():
+    q = torch.full((1, 1, 2, 4), 2.0 ** 100, dtype=torch.bfloat16)
+    k = torch.full((1, 1, 3, 4), 2.0 ** 100, dtype=torch.bfloat16)
+    k[0, 0, 1] = -k[0, 0, 1]
+    v = torch.arange(12, dtype=torch.bfloat16).reshape(1, 1, 3, 4)
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(q, k, v)
+    assert out.isnan().all()  # q k overflows float32
+    r = sdpa(q, k, v)
+    assert np.isfinite(r.rounded.astype(np.float64)).all()
+    assert r.covers(out).all()
+    # Keys 0 and 2 share the top logit, key 1's weight is exp(-huge): the exact mean of v's rows 0 and 2.
+    assert r.rounded.astype(np.float64).tolist() == [[[[4.0, 5.0, 6.0, 7.0]] * 2]]
+
+
+# ---------------------------------------------------------------------------- ReferenceUnavailableError
+
+
+def _raise_case(kind):
+    # Keys k0 = 1, k1 = -1 (E = 1), so query 1 has logits (s, -s): transcendental weights.
+    # v = 0 makes the output and grad_query/grad_key exactly 0, leaving grad_value = P^T dO.
+    q = np.array([[1.0], [1.0], [0.0]], np.float32) if kind == "zero" else np.array([[1.0], [-1.0], [0.0]], np.float32)
+    k = np.array([[1.0], [-1.0]], np.float32)
+    v = np.zeros((2, 1), np.float32)
+    if kind == "zero":
+        # Rows 0 and 1 are the same, their output gradients opposite: grad_value is exactly 0.
+        grad = np.array([[1.0], [-1.0], [0.0]], np.float32)
+    else:
+        # Row 1's weights are row 0's reversed, so P_0j + P_1j = 1 and grad_value_j = 1 + 2**-24:
+        # exactly halfway between the float32 neighbours 1 and 1 + 2**-23.
+        grad = np.array([[1.0], [1.0], [2.0 ** -23]], np.float32)
+    return q, k, v, grad
+
+
+@pytest.mark.parametrize("kind,why", [("zero", "is zero to within the working precision"),
+                                      ("tie", r"lies on the rounding boundary 1\.0000000596046448")])
+def test_exact_boundary_or_zero_raises_naming_the_element_within_bounded_time(kind, why):
+    q, k, v, grad = _raise_case(kind)
+    r = sdpa(q, k, v)
+    assert r.rounded.tolist() == [[0.0], [0.0], [0.0]]
+    start = time.perf_counter()
+    with pytest.raises(er.ReferenceUnavailableError) as info:
+        r.backward(grad)
+    assert time.perf_counter() - start < 30
+    message = str(info.value)
+    assert re.search(r"grad_value at \((0|1), 0\)", message)
+    assert "transcendental attention weights" in message
+    assert re.search(why, message)
+    # The same sum with every row's weights rational (q = 0: uniform rows) is decided exactly.
+    g = sdpa(np.zeros_like(q), k, v).backward(grad)
+    expected = float(np.float32(grad.sum() / 2))
+    assert g.rounded.grad_value.tolist() == [[expected], [expected]]
+
+
+def test_a_rational_tie_rounds_to_even_without_raising():
+    # Uniform rows (q = 0): grad_value_j = (1 + (1 + 2**-23)) / 2, a float32 tie, rounds to 1.0 (even).
+    q = np.zeros((2, 1), np.float32)
+    k = np.array([[1.0], [-1.0]], np.float32)
+    v = np.zeros((2, 1), np.float32)
+    grad = np.array([[1.0], [1.0 + 2.0 ** -23]], np.float32)
+    g = sdpa(q, k, v).backward(grad)
+    assert g.rounded.grad_value.tolist() == [[1.0], [1.0]]
+
+
+# ---------------------------------------------------------------------------- the first pass's exp
+
+
+def test_exp_bounded_holds_its_bound_against_arb():
+    rng = np.random.default_rng(0)
+    y = np.concatenate([-rng.exponential(30, 2000), -rng.random(500) * 1e-3, [0.0, -0.3465, -0.3466, -745.0]])
+    w, rel = exp_bounded(y)
+    assert (rel < 2.0 ** -48).all()
+    with er.engine.certified.precision(200):
+        for yi, wi, ri in zip(y[::7], w[::7], rel[::7]):
+            exact = flint.arb(float(yi)).exp()
+            err = abs(flint.arb(float(wi)) - exact)
+            assert err <= exact * flint.arb(float(ri)) + flint.arb(2.0 ** -1074), (yi, wi)
+
+
+def test_backward_twice_from_one_forward_matches_the_standalone_backward():
+    # The second backward must not reuse anything cached for the first one's gradient.
+    q, k, v = (np.array(x, np.float32) for x in ([[1.0], [1.0], [0.0]], [[1.0], [-1.0]], [[0.5], [2.0]]))
+    r = sdpa(q, k, v)
+    grads = [np.array([[1.0], [0.5], [0.0]], np.float32), np.array([[0.25], [3.0], [-2.0]], np.float32)]
+    first = r.backward(grads[0])
+    second = r.backward(grads[1])
+    for grad, g in zip(grads, (first, second)):
+        alone = sdpa.backward(q, k, v, grad)
+        for name in alone:
+            assert np.array_equal(g[name].rounded, alone[name].rounded), name
+            assert np.array_equal(g[name].tolerance, alone[name].tolerance), name
+    assert not np.array_equal(first["grad_value"].rounded, second["grad_value"].rounded)

@@ -1,0 +1,182 @@
+"""scaled_dot_product_attention's rounded values agree bit for bit with an independent mpmath oracle.
+
+The oracle (``_attention_oracle``) works from the definition at 320 bits,
+with Fractions for rows whose weights are rational.  Its own rounding noise
+(2**-300 of the terms' magnitude) can hide a value that is exactly a rounding
+boundary or zero; there exactref must either agree with one of the two
+roundings next to the boundary or raise ReferenceUnavailableError, and the
+test checks which.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import exactref as er
+
+from ._attention_oracle import Oracle, is_near_boundary, round_to
+
+DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+KINDS = ["plain", "bool_mask", "float_mask", "causal", "causal_bottom_right", "gqa", "broadcast", "empty_rows"]
+
+
+@st.composite
+def cases(draw, fmt):
+    kind = draw(st.sampled_from(KINDS))
+    L = draw(st.integers(1, 3))
+    S = draw(st.integers(1, 3))
+    if kind.startswith("causal") and L == S:
+        S += draw(st.sampled_from([-1, 1])) if L > 1 else 1
+    E = draw(st.integers(1, 3))
+    Ev = draw(st.integers(1, 2))
+    H = draw(st.integers(1, 2))
+    # Small integers and halves make ties, zeros and equal logits (rational rows);
+    # the normal draws make transcendental ones.
+    values = st.one_of(st.sampled_from([0.0, 1.0, -1.0, 0.5, 2.0, -3.0, 0.25]),
+                       st.floats(-8, 8, allow_nan=False, width=32))
+
+    def arr(*shape):
+        flat = draw(st.lists(values, min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+        return er.asarray(np.array(flat, dtype=np.float64).reshape(shape), fmt)
+
+    qb, kb = (H,), (H,)
+    kw, okw = {}, {}
+    if kind == "gqa":
+        qb, kb = (1, 2 * H), (1, H)
+        kw["enable_gqa"] = okw["enable_gqa"] = True
+    elif kind == "broadcast":
+        qb, kb = (2, 1), (1, H)
+    q, k, v = arr(*qb, L, E), arr(*kb, S, E), arr(*kb, S, Ev)
+    if kind in ("bool_mask", "empty_rows"):
+        m = np.array(draw(st.lists(st.booleans(), min_size=L * S, max_size=L * S))).reshape(L, S)
+        if kind == "empty_rows":
+            m[0] = False
+        kw["attn_mask"] = okw["mask"] = m
+    elif kind == "float_mask":
+        m = arr(L, S)
+        m[np.array(draw(st.lists(st.booleans(), min_size=L * S, max_size=L * S))).reshape(L, S)] = -np.inf
+        kw["attn_mask"] = okw["mask"] = m
+    elif kind.startswith("causal"):
+        kw["is_causal"] = okw["is_causal"] = True
+        if kind == "causal_bottom_right":
+            kw["causal_alignment"] = "bottom_right"
+            okw["bottom_right"] = True
+    if draw(st.booleans()):
+        kw["scale"] = okw["scale"] = draw(st.sampled_from([0.5, 0.3, 1.25, -0.75]))
+    out_batch = qb if kind == "gqa" else np.broadcast_shapes(qb, kb)
+    grad = arr(*out_batch, L, Ev)
+    return q, k, v, grad, kw, okw
+
+
+def _agree(got: np.ndarray, exact: np.ndarray, fmt: str, magnitudes: np.ndarray | None = None) -> None:
+    """Bit-for-bit agreement, except where the oracle cannot tell a boundary from its neighbourhood."""
+    expected = np.vectorize(lambda x: round_to(x, fmt), otypes=[np.float64])(exact)
+    got = np.asarray(got, dtype=np.float64)
+    for i in np.flatnonzero(got.reshape(-1).view(np.int64) != expected.reshape(-1).view(np.int64)):
+        x = exact.reshape(-1)[i]
+        mag = 0.0 if magnitudes is None else float(magnitudes.reshape(-1)[i])
+        assert is_near_boundary(x, fmt, mag), (i, got.reshape(-1)[i], expected.reshape(-1)[i], x)
+
+
+def check_case(case, fmt):
+    q, k, v, grad, kw, okw = case
+    oracle = Oracle(q, k, v, **okw)
+    r = er.scaled_dot_product_attention(q, k, v, **kw)
+    assert r.dtype == DTYPES[fmt]
+    _agree(r.rounded, oracle.out(), fmt)
+    exact = oracle.grads(grad)
+    try:
+        g = r.backward(grad)
+    except er.ReferenceUnavailableError:
+        # Only allowed when some gradient element is (within the oracle's noise) a boundary.
+        near = [is_near_boundary(x, fmt, m) for name in exact
+                for x, m in zip(exact[name].reshape(-1), oracle.magnitudes[name].reshape(-1))]
+        assert any(near)
+        return
+    for name in ("grad_query", "grad_key", "grad_value"):
+        assert g[name].rounded.shape == exact[name].shape
+        _agree(g[name].rounded, exact[name], fmt, oracle.magnitudes[name])
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "bfloat16", "float64"])
+@settings(deadline=None, max_examples=100)
+@given(data=st.data())
+def test_rounded_values_agree_with_the_oracle(fmt, data):
+    check_case(data.draw(cases(fmt)), fmt)
+
+
+def test_uniform_rows_round_ties_to_even():
+    # q = 0 makes every logit 0, so each output is the exact mean of v's column:
+    # (1 + (1 + 2**-23)) / 2 = 1 + 2**-24 is a float32 tie, which rounds to even (1.0).
+    q = np.zeros((1, 2, 4), dtype=np.float32)
+    k = np.ones((2, 4), dtype=np.float32)
+    v = np.array([[1.0], [1.0 + 2.0 ** -23]], dtype=np.float32)
+    r = er.scaled_dot_product_attention(q, k, v)
+    assert r.rounded.tolist() == [[[1.0], [1.0]]]
+    v3 = np.array([[1.0 + 2.0 ** -22], [1.0 + 2.0 ** -23]], dtype=np.float32)
+    # The mean 1 + 3 * 2**-24 is a tie between 1 + 2**-23 (odd) and 1 + 2**-22 (even).
+    assert er.scaled_dot_product_attention(q, k, v3).rounded[0, 0, 0] == np.float32(1.0 + 2.0 ** -22)
+
+
+def test_default_scale_is_irrational_not_its_float():
+    # E = 3: 1/sqrt(3) is irrational; the oracle takes it exactly, so agreement on
+    # many elements shows exactref does too.
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 5, 3)).astype(np.float32) for _ in range(3))
+    oracle = Oracle(q, k, v)
+    _agree(er.scaled_dot_product_attention(q, k, v).rounded, oracle.out(), "float32")
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_moderate_sizes_agree_with_the_oracle(fmt, seed):
+    # Large enough that the first pass's sliced products and compensated sums do the deciding.
+    rng = np.random.default_rng(seed)
+    q, k, v = (er.asarray(rng.standard_normal((2, 9, 6)) * 2, fmt) for _ in range(3))
+    grad = er.asarray(rng.standard_normal((2, 9, 6)), fmt)
+    mask = rng.random((9, 9)) < 0.8
+    oracle = Oracle(q, k, v, mask=mask)
+    r = er.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    _agree(r.rounded, oracle.out(), fmt)
+    exact = oracle.grads(grad)
+    g = r.backward(grad)
+    for name in ("grad_query", "grad_key", "grad_value"):
+        _agree(g[name].rounded, exact[name], fmt, oracle.magnitudes[name])
+
+
+def _everything_through(monkeypatch, stage):
+    """Make the first pass (and, for stage "arb", the second) decide nothing."""
+    from exactref.ops import attention
+
+    real = attention.decide
+
+    def undecided(hi, lo, rad, fmt):
+        rounded, ok = real(hi, lo, rad, fmt)
+        # The first pass decides whole outputs (2 or more dimensions), the second a flat list.
+        if stage == "arb" or np.ndim(hi) > 1:
+            ok = np.zeros_like(ok)
+        return rounded, ok
+
+    monkeypatch.setattr(attention, "decide", undecided)
+
+
+@pytest.mark.parametrize("stage", ["second", "arb"])
+def test_every_decision_stage_gives_the_same_rounding(monkeypatch, stage):
+    # The first and second passes only decide what they can prove; sending every element
+    # through the later stages must not change a single bit.
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 7, 5)).astype(np.float32) for _ in range(3))
+    grad = rng.standard_normal((2, 7, 5)).astype(np.float32)
+    mask = rng.random((7, 7)) < 0.7
+    r = er.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    g = r.backward(grad)
+    _everything_through(monkeypatch, stage)
+    r2 = er.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    g2 = r2.backward(grad)
+    assert np.array_equal(r.rounded.view(np.int32), r2.rounded.view(np.int32))
+    for name in g:
+        assert np.array_equal(g[name].rounded.view(np.int32), g2[name].rounded.view(np.int32)), name
