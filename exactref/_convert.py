@@ -108,7 +108,9 @@ def convert(arr: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
     wide = arr.astype(np.complex128 if arr.dtype.kind == "c" or fmt.is_complex else np.float64)
     part = part_of(fmt)
     if fmt.is_complex:
-        out = round_float64(wide.real, part) + 1j * round_float64(wide.imag, part)
+        # Parts are set directly: re + 1j * im would turn an infinite part into NaN.
+        out = np.empty(wide.shape, dtype=np.complex128)
+        out.real, out.imag = round_float64(wide.real, part), round_float64(wide.imag, part)
     else:
         out = round_float64(wide, part)
     return to_dtype(out, fmt)

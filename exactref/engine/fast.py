@@ -162,7 +162,8 @@ def _abs_product_bound(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     float32 is recomputed in float64.
     """
     K = A.shape[-1]
-    S32 = np.abs(A.astype(np.float32)) @ np.abs(B.astype(np.float32))
+    with np.errstate(over="ignore"):
+        S32 = np.abs(A.astype(np.float32)) @ np.abs(B.astype(np.float32))
     if K == 0:
         return S32.astype(np.float64)
     S = up(S32.astype(np.float64) * (1 + gamma(K, 2.0 ** -24)) + K * 2.0 ** -149)
