@@ -135,7 +135,9 @@ def dot_error(S: np.ndarray, *, depth: int, acc: Format, out: Format, terms: int
     """
     k = depth - 1 if acc == out else depth
     E = gamma(max(k, 0), acc.unit_roundoff) * S if k > 0 else np.zeros_like(S)
-    if underflow and terms:
+    # An underflowing rounding breaks the relative bound, unless it is the final rounding itself.
+    underflow = bool(underflow and terms and (k > 0 or acc != out))
+    if underflow:
         E = E + terms * acc.min_subnormal
     return up(E) if k > 0 or underflow else E
 

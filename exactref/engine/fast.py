@@ -197,8 +197,9 @@ def _slices(X: np.ndarray, axis: int, beta: int, count: int) -> tuple[list[np.nd
         unit = ex - beta
         # fl(fl(x + sigma) - sigma) rounds x to a multiple of ulp(sigma) = 2**unit
         # while |x| <= sigma / 3 (Ozaki et al.).
-        usable = (unit > -1022 + 1) & (unit + 53 < 1023) & (mu > 0)
-        sigma = np.where(usable, np.ldexp(0.75, np.clip(unit + 53, -1000, 1000)), 0.0)
+        # sigma must be a normal float64 whose ulp is 2**unit.
+        usable = (unit + 53 >= -1020) & (unit + 53 <= 1020) & (mu > 0)
+        sigma = np.where(usable, np.ldexp(0.75, np.clip(unit + 53, -1020, 1020)), 0.0)
         piece = (rest + sigma) - sigma
         out.append(piece)
         rest = rest - piece

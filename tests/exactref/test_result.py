@@ -1,0 +1,117 @@
+"""Result and Gradients: inputs covers() takes, what check() reports, exact values."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import exactref as er
+
+A = er.asarray([[1.0, 2.0], [3.0, 4.0]], "float32")
+B = er.asarray([[0.1], [0.2]], "float32")
+
+
+def test_covers_takes_lists_numpy_and_torch_tensors():
+    res = er.matmul(A, B)
+    good = A @ B
+    assert res.covers(good).all()
+    assert res.covers(good.tolist()).all()
+    assert res.covers(torch.from_numpy(good)).all()
+    assert res.covers(torch.from_numpy(good).requires_grad_()).all()  # detached for us
+    assert res.covers(good.astype(np.float64)).all()
+
+
+def test_covers_takes_bfloat16_tensors():
+    x = er.asarray([1.0, 2.5], "bfloat16")
+    res = er.multiply(x, x)
+    t = torch.tensor([1.0, 2.5], dtype=torch.bfloat16)
+    assert res.covers(t * t).all()
+    assert res.rounded.dtype == ml_dtypes.bfloat16
+
+
+def test_check_reports_count_index_values_and_distances():
+    res = er.matmul(A, B)
+    bad = np.array([[0.5], [1.25]], dtype=np.float32)
+    with pytest.raises(er.OutOfToleranceError) as info:
+        res.check(bad)
+    text = str(info.value)
+    assert text.startswith("matmul: 1 of 2 elements are not covered (float32, error model default).")
+    assert "at (1, 0): got 1.25 (0x1.4000000000000p+0)" in text
+    assert "exact ~1.1000000163912773e+00" in text
+    assert "rounded 1.10000002 (0x1.19999a0000000p+0)" in text
+    assert re.search(r"tolerance 1\.12e-07\n\s+off by [0-9.e+]+ tolerances, \+[0-9.e+]+ ulps", text)
+    assert info.value.indices == [(1, 0)]
+    assert isinstance(info.value, AssertionError)
+
+
+def test_check_lists_the_worst_elements_first():
+    x = er.asarray(np.ones(8), "float32")
+    res = er.add(x, x)
+    bad = np.full(8, 2.0, dtype=np.float32)
+    bad[3] += 1.0
+    bad[6] += 0.5
+    with pytest.raises(er.MismatchError) as info:
+        res.check(bad)
+    assert info.value.indices == [(3,), (6,)]
+    assert "2 of 8 elements" in str(info.value)
+
+
+def test_check_names_the_broken_special_value_rule():
+    x = er.asarray([np.nan, 1.0, 3.0e38], "float32")
+    res = er.add(x, x)
+    with pytest.raises(er.SpecialValueError) as info:
+        res.check(np.array([0.0, np.nan, 3.4e38], dtype=np.float32))
+    text = str(info.value)
+    assert "at (0,): got 0 (0x0.0p+0): the normal answer is NaN" in text
+    assert "at (1,): got nan: NaN where the exact value is finite" in text
+    assert "at (2,): got 3.39999995e+38 (0x1.ff933c0000000p+127): the exact value overflows float32" in text
+
+
+def test_check_with_wrong_shape_raises_shape_mismatch():
+    with pytest.raises(er.ShapeMismatchError, match=r"x has shape \(2,\) but matmul's output has shape \(2, 1\)"):
+        er.matmul(A, B).check(np.zeros(2))
+
+
+def test_exact_values_are_fractions_and_pairs_for_complex():
+    res = er.matmul(A, B)
+    q = res.exact((1, 0))
+    assert isinstance(q, Fraction)
+    assert q == 3 * Fraction(float(B[0, 0])) + 4 * Fraction(float(B[1, 0]))
+    z = er.multiply(er.asarray([1 + 2j], "complex64"), er.asarray([3 - 1j], "complex64"))
+    assert z.exact((0,)) == (Fraction(5), Fraction(5))
+    assert er.add(er.asarray([np.inf], "float32"), 1.0).exact(0) is None
+
+
+def test_gradients_check_reports_every_failing_gradient():
+    g = er.matmul.backward(A, B, er.asarray([[1.0], [1.0]], "float32"))
+    with pytest.raises(er.OutOfToleranceError) as info:
+        g.check(grad_A=g.rounded.grad_A + 1, grad_B=g.rounded.grad_B + 1)
+    text = str(info.value)
+    assert "matmul.backward grad_A:" in text and "matmul.backward grad_B:" in text
+    g.check(grad_A=g.rounded.grad_A, grad_B=g.rounded.grad_B)
+
+
+def test_result_backward_reuses_the_forward_inputs():
+    grad = er.asarray([[1.0], [2.0]], "float32")
+    via_result = er.matmul(A, B).backward(grad)
+    standalone = er.matmul.backward(A, B, grad)
+    for name in ("grad_A", "grad_B"):
+        assert np.array_equal(via_result[name].rounded, standalone[name].rounded)
+
+
+def test_normal_equals_rounded_where_inputs_are_finite_and_gives_specials_elsewhere():
+    x = er.asarray([1.0, np.inf, np.nan], "float32")
+    res = er.multiply(x, 0.0)
+    assert np.isnan(res.normal[1]) and np.isnan(res.normal[2])
+    assert res.normal[0] == 0.0
+    assert res.tolerance.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_matrix_exp_frechet_has_no_backward():
+    with pytest.raises(AttributeError, match="no backward"):
+        er.matrix_exp_frechet.backward
