@@ -154,22 +154,32 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _abs_product_bound(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """An upper bound on ``|A| @ |B|`` for values that float32 holds exactly.
+    """An upper bound on ``|A| @ |B|``, from a float32 product where that is safe.
 
-    A float32 product of the absolute values is about twice as fast as a
-    float64 one; its roundings (gamma_K of float32) and underflows (half a
-    subnormal per term) are paid for explicitly.  A bound that overflows
-    float32 is recomputed in float64.
+    A float32 product is about twice as fast as a float64 one.  Its inputs'
+    rounding (relative u each), its summation (gamma_K) and its underflows
+    (half a subnormal per term) are paid for explicitly; values outside
+    [2**-60, 2**60] could underflow or overflow, so those take float64.
     """
     K = A.shape[-1]
-    with np.errstate(over="ignore"):
-        S32 = np.abs(A.astype(np.float32)) @ np.abs(B.astype(np.float32))
+    absA, absB = np.abs(A), np.abs(B)
     if K == 0:
-        return S32.astype(np.float64)
-    S = up(S32.astype(np.float64) * (1 + gamma(K, 2.0 ** -24)) + K * 2.0 ** -149)
-    if not np.isfinite(S32).all() or S32.max(initial=0.0) > _F32_MAX / 2:
-        S = up((np.abs(A) @ np.abs(B)) / (1 - gamma(K, U64)))
-    return S
+        return np.zeros(np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1]))
+    if not (_in_float32_range(absA) and _in_float32_range(absB)):
+        return up((absA @ absB) / (1 - gamma(K, U64)))
+    S32 = absA.astype(np.float32) @ absB.astype(np.float32)
+    u32 = 2.0 ** -24
+    return up(S32.astype(np.float64) * ((1 + u32) ** 2 * (1 + gamma(K, u32))) + K * 2.0 ** -149)
+
+
+def _in_float32_range(v: np.ndarray) -> bool:
+    """Whether every nonzero |v| lies in [2**-60, 2**60], so float32 products neither under- nor overflow."""
+    if v.size == 0:
+        return True
+    if v.max() > 2.0 ** 60:
+        return False
+    nonzero = v[v != 0]
+    return nonzero.size == 0 or nonzero.min() >= 2.0 ** -60
 
 
 def _slice_exponent(K: int) -> int:
@@ -223,7 +233,7 @@ def _matmul_sliced(A: np.ndarray, B: np.ndarray, slices: int, depth: int) -> Enc
     Bs, RB, lowB = _slices(B, -2, beta, slices)
     out_shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1])
     absA, absB = np.abs(A), np.abs(B)
-    S = up(absA @ absB / (1 - gamma(K, U64)))
+    S = _abs_product_bound(A, B)
     if not As or not Bs:
         return Enclosure(np.zeros(out_shape), np.zeros(out_shape), np.zeros(out_shape), S)
     # Per-slice row maxima of A and column sums of |B| give rank-one bounds
@@ -235,23 +245,23 @@ def _matmul_sliced(A: np.ndarray, B: np.ndarray, slices: int, depth: int) -> Enc
                np.sum(absA, axis=-1, keepdims=True) + np.sum(np.abs(RA), axis=-1, keepdims=True)]
     b_rows += [np.sum(absB, axis=-2, keepdims=True), np.max(np.abs(RB), axis=-2, keepdims=True)]
     weight = np.zeros((len(As) + 2, len(Bs) + 2))
+    products = _slice_products(As, Bs, depth)
     first, deep = [], []
-    for i, a in enumerate(As):
-        for j, b in enumerate(Bs):
-            if i + j == 0:
-                continue
+    for (i, j), p in products.items():
+        if i + j == 1:
+            first.append(p)
+        elif i + j > 1:
+            deep.append(p)
+            # Deeper products, about 2**-(2 beta) of the result, are summed in
+            # plain float64: one rounding each, bounded through the rank-one bound.
+            weight[i, j] = gamma(len(As) * len(Bs), U64)
+    for i in range(len(As)):
+        for j in range(len(Bs)):
             if i + j >= depth:
                 weight[i, j] = 1.0
-            elif i + j == 1:
-                first.append(a @ b)
-            else:
-                deep.append(a @ b)
-                # Deeper products, about 2**-(2 beta) of the result, are summed in
-                # plain float64: one rounding each, bounded through the rank-one bound.
-                weight[i, j] = gamma(len(As) * len(Bs), U64)
     weight[-2, -2] = weight[-1, -1] = 1.0
     bound = (np.concatenate(a_cols, axis=-1) @ weight) @ np.concatenate(b_rows, axis=-2)
-    hi = As[0] @ Bs[0]
+    hi = products[0, 0]
     lo = np.zeros(out_shape)
     for p in first:
         hi, e = two_sum(hi, p)
@@ -264,6 +274,24 @@ def _matmul_sliced(A: np.ndarray, B: np.ndarray, slices: int, depth: int) -> Enc
     tiny = (lowA[..., :, None] + lowB[..., None, :]) < -1074 + 53
     bad = tiny | ~np.isfinite(S) | ~np.isfinite(hi) | ~np.isfinite(lo)
     return Enclosure(np.where(bad, 0.0, hi), np.where(bad, 0.0, lo), np.where(bad, np.inf, rad), S)
+
+
+def _slice_products(As: list[np.ndarray], Bs: list[np.ndarray], depth: int) -> dict[tuple[int, int], np.ndarray]:
+    """``As[i] @ Bs[j]`` for every pair with ``i + j < depth``.
+
+    The products sharing a slice of A are one BLAS call on the slices of B
+    side by side: the same arithmetic, but wide products run faster.
+    """
+    out = {}
+    N = Bs[0].shape[-1]
+    for i, a in enumerate(As):
+        js = [j for j in range(len(Bs)) if i + j < depth]
+        if not js:
+            continue
+        wide = a @ (Bs[js[0]] if len(js) == 1 else np.concatenate([Bs[j] for j in js], axis=-1))
+        for k, j in enumerate(js):
+            out[i, j] = wide[..., k * N:(k + 1) * N]
+    return out
 
 
 def fits_narrow(p: int) -> bool:
