@@ -194,7 +194,8 @@ class Result:
         """The gradients of this op's inputs for the output gradient ``grad``."""
         if self._backward is None:
             raise TypeError(self._no_backward)
-        return self._backward(grad)
+        with np.errstate(all="ignore"):
+            return self._backward(grad)
 
 
 def _join(parts: list[Part]) -> np.ndarray:

@@ -37,13 +37,22 @@ class Op:
         functools.update_wrapper(self, forward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Result:
-        return self._forward(*args, **kwargs)
+        # Bounds use inf and NaN on purpose (an overflowing bound means "no
+        # bound"), so numpy's floating-point warnings are noise to the user.
+        with np.errstate(all="ignore"):
+            return self._forward(*args, **kwargs)
 
     @property
     def backward(self) -> Callable[..., Gradients]:
         if self._backward is None:
             raise AttributeError(self._no_backward or f"{self.__name__} has no backward")
-        return self._backward
+        backward = self._backward
+
+        @functools.wraps(backward)
+        def quiet(*args: Any, **kwargs: Any) -> Gradients:
+            with np.errstate(all="ignore"):
+                return backward(*args, **kwargs)
+        return quiet
 
     def __repr__(self) -> str:
         return f"<exactref op {self.__name__}>"
