@@ -115,3 +115,23 @@ def test_normal_equals_rounded_where_inputs_are_finite_and_gives_specials_elsewh
 def test_matrix_exp_frechet_has_no_backward():
     with pytest.raises(AttributeError, match="no backward"):
         er.matrix_exp_frechet.backward
+
+
+class _DLPackOnly:
+    """An object that offers nothing but the DLPack protocol, as array libraries do."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def test_dlpack_objects_are_read_as_arrays():
+    data = np.array([[1.0, 2.0]], dtype=np.float32)
+    assert er.asarray(_DLPackOnly(data)).tolist() == [[1.0, 2.0]]
+    res = er.matmul(_DLPackOnly(data), _DLPackOnly(data.T.copy()))
+    assert res.covers(_DLPackOnly(np.array([[5.0]], dtype=np.float32))).all()
