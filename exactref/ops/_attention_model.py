@@ -140,8 +140,9 @@ class _Weights:
         # Where a logit, q sqrt(s) or k sqrt(s) may overflow acc, NaN and inf are acceptable.
         big = acc.max_finite / 2
         with np.errstate(over="ignore", invalid="ignore"):
-            logit = s * fp.A * 2 + m_abs
-            row = np.any(np.where(fp.unmasked, logit >= big, False), axis=-1)
+            logit = s * fp.A * 2
+            # A masked logit counts too: the math path adds -inf to it, and inf - inf is NaN.
+            row = np.any(np.where(fp.unmasked, logit + m_abs >= big, logit >= big), axis=-1)
             qbig = sigma * np.max(np.abs(fp.Qh), axis=-1, initial=0.0) >= big
             kbig = np.any(sigma * np.max(np.abs(fp.Kh), axis=-1, initial=0.0) >= big, axis=-1)
         self.row_overflow = row | qbig | kbig[:, None]

@@ -11,7 +11,7 @@ from ..engine.sumprod import Term
 from ..formats import ComplexFormat, Format
 from ..models import scalar_error
 
-__all__ = ["read_coefficient", "scaled", "scalar_relative_error"]
+__all__ = ["held", "read_coefficient", "scaled", "scalar_relative_error"]
 
 
 def read_coefficient(value: Any, name: str, fmt: Format | ComplexFormat, op: str) -> float | complex:
@@ -58,3 +58,20 @@ def scalar_relative_error(c: float | complex, fmt: Format) -> float:
     if c == 0:
         return 0.0
     return scalar_error(c, fmt) / abs(c)
+
+
+def held(c: float | complex, fmt: Format) -> float | complex:
+    """``c`` as far as special values go once PyTorch has converted it to ``fmt``.
+
+    A part that rounds to zero there is zero, so that it turns an infinite
+    operand into NaN as PyTorch's kernels do; any other part keeps its value,
+    since only its sign matters to inf and NaN.
+    """
+    tiny = fmt.min_subnormal / 2  # ties to even: exactly half the spacing also rounds to 0
+
+    def part(x: float) -> float:
+        return 0.0 if abs(x) <= tiny else x
+
+    if isinstance(c, complex):
+        return complex(part(c.real), part(c.imag))
+    return part(c)

@@ -36,7 +36,7 @@ from ..models import (
 )
 from ..result import Gradients, Result
 from ..rounding import round_float64
-from ._coef import read_coefficient, scalar_relative_error
+from ._coef import held, read_coefficient, scalar_relative_error
 from ._common import Op, PartSpec, build, check_size, fold_copies, read_grad, zero_nonfinite
 
 __all__ = ["add", "multiply"]
@@ -126,9 +126,9 @@ def add(x: Any, y: Any, *, alpha: float | complex = 1, model: ErrorModel = DEFAU
     xs, ys = _split(X, fmt.is_complex), _split(Y, fmt.is_complex)
     absY = np.abs(zero_nonfinite(Y))
     narrow = _narrow(ox, oy)
-    cr, ci = (alpha.real, alpha.imag) if isinstance(alpha, complex) else (alpha, 0.0)
 
-    def terms(z: Callable[[np.ndarray], np.ndarray]) -> list[list[Term]]:
+    def terms(z: Callable[[np.ndarray], np.ndarray], coef: float | complex) -> list[list[Term]]:
+        cr, ci = (coef.real, coef.imag) if isinstance(coef, complex) else (coef, 0.0)
         out = []
         for p in range(len(xs)):
             t: list[Term] = [RowTerm(1.0, z(xs[p])[..., None], None, narrow)]
@@ -137,25 +137,28 @@ def add(x: Any, y: Any, *, alpha: float | complex = 1, model: ErrorModel = DEFAU
                 pair = [(cr, ys[p]), (-ci if p == 0 else ci, ys[1 - p])]
                 t += [RowTerm(c, z(v)[..., None], None, narrow) for c, v in pair]
             else:
-                t.append(RowTerm(float(alpha), z(ys[0])[..., None], None, narrow))
+                t.append(RowTerm(float(coef), z(ys[0])[..., None], None, narrow))
             out.append(t)
         return out
 
-    special = None if (np.isfinite(X).all() and np.isfinite(Y).all()) else terms(lambda v: v)
-    exact = terms(zero_nonfinite)
-    depth = 1 + (0 if alpha in (1, -1) else 1) + (1 if ci else 0)
+    # add converts alpha to the tensor's format: one that vanishes there makes 0 * inf = NaN.
+    special = None if (np.isfinite(X).all() and np.isfinite(Y).all()) else terms(lambda v: v, held(alpha, pfmt))
+    exact = terms(zero_nonfinite, alpha)
+    depth = 1 + (0 if alpha in (1, -1) else 1) + (1 if isinstance(alpha, complex) and alpha.imag else 0)
     # PyTorch converts alpha to the tensor's own dtype first (seen for float16).
     rel = scalar_relative_error(alpha, pfmt)
     # For half types PyTorch's non-vectorised path rounds alpha * y to the
     # tensor's format before adding (seen for float16 tensors of a few elements).
     scaled_rounding = pfmt != op_fmt and alpha not in (1, -1)
+    # ... where alpha * y alone may overflow to inf, whatever x is.
+    scaled_overflow = scaled_rounding and abs(alpha) * absY * (1 + 4 * pfmt.unit_roundoff) >= pfmt.max_finite
 
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         E = dot_error(sol.S, depth=depth, acc=op_fmt, out=pfmt, terms=2, underflow=alpha not in (1, -1))
         E = E + rel * sol.S + _scalar_error(ox, pfmt, 1.0) + _scalar_error(oy, pfmt, abs(alpha))
         if scaled_rounding:
             E = E + pfmt.unit_roundoff * abs(alpha) * absY * 1.01 + pfmt.min_subnormal
-        return E, overflow_possible(sol.S, op_fmt, depth)
+        return E, overflow_possible(sol.S, op_fmt, depth) | scaled_overflow
 
     specs = [PartSpec(t, special[p] if special else None, tol) for p, t in enumerate(exact)]
 
@@ -280,14 +283,17 @@ def _reduce_grad(op: str, name: str, o: Operand, fmt: Format | ComplexFormat, mo
               for part in parts]
     copies = folded[0][0][1].shape[-1]
 
-    def terms(z: Callable[[np.ndarray], np.ndarray]) -> list[list[Term]]:
-        return [[RowTerm(c, z(X), None if Y is None else z(Y), narrow) for c, X, Y in part] for part in folded]
+    op_fmt = opmath_format(gpart)
+
+    def terms(z: Callable[[np.ndarray], np.ndarray], coef: Callable[[float], float]) -> list[list[Term]]:
+        return [[RowTerm(coef(c), z(X), None if Y is None else z(Y), narrow) for c, X, Y in part]
+                for part in folded]
 
     values = [v for part in folded for _, X, Y in part for v in (X, Y) if v is not None]
-    special = None if all(np.isfinite(v).all() for v in values) else terms(lambda v: v)
-    exact = terms(zero_nonfinite)
+    # Autograd multiplies by the coefficient in opmath: one that vanishes there makes 0 * inf = NaN.
+    special = None if all(np.isfinite(v).all() for v in values) else terms(lambda v: v, lambda c: held(c, op_fmt))
+    exact = terms(zero_nonfinite, lambda c: c)
     acc = accumulation_format(model, gpart)
-    op_fmt = opmath_format(gpart)
     n = copies * len(folded[0])
     coef_depth = 0 if all(c in (1, -1) for part in parts for c, _, _ in part) else 1
     product_depth = 1 if product and (scalar_factor or not products_exact(gpart.p, acc)) else 0

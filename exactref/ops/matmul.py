@@ -36,7 +36,7 @@ from ..models import (
     products_may_underflow,
 )
 from ..result import Gradients, Result
-from ._coef import read_coefficient, scalar_relative_error, scaled
+from ._coef import held, read_coefficient, scalar_relative_error, scaled
 from ._common import Op, PartSpec, build, check_size, fold_copies, read_grad, zero_nonfinite
 
 __all__ = ["gemm", "matmul"]
@@ -202,7 +202,10 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     # half-type and batched kernels compute it and multiply by 0, so NaN and
     # inf in it still give NaN.
     blas_skip = len(a.shape) <= 2 and len(b.shape) <= 2 and fin.p >= 24
-    use_ab = c is None or alpha != 0 or not blas_skip
+    # Every kernel reads alpha in opmath first, where a tiny one is 0.
+    alpha_held = held(alpha, opmath_format(fin)) if c is not None else alpha
+    use_ab = c is None or alpha_held != 0 or not blas_skip
+    alpha_vanishes = not use_ab and alpha != 0
     # The BLAS reads beta in the inputs' format: one that rounds to zero skips C as well.
     beta_vanishes = c is not None and beta != 0 and scalar_relative_error(beta, fin) == 1.0
     use_c = c is not None and beta != 0 and not beta_vanishes
@@ -220,9 +223,10 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
 
     def terms(finite: bool) -> list[list[Term]]:
         z = zero_nonfinite if finite else (lambda x: x)
+        coef = alpha if finite else alpha_held
         parts = [[] for _ in range(2 if fmt.is_complex else 1)]
         if use_ab:
-            for p, t in enumerate(_product_terms(z(A2), z(B2), alpha, fmt, drop_zero=c is not None and alpha != 0)):
+            for p, t in enumerate(_product_terms(z(A2), z(B2), coef, fmt, drop_zero=c is not None and coef != 0)):
                 parts[p] += t
         if use_c:
             for p, t in enumerate(_array_terms(z(Cv), beta, fmt, drop_zero=True)):
@@ -239,6 +243,10 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     vanished = 0.0
     if beta_vanishes:
         vanished = abs(beta) * np.abs(zero_nonfinite(Cv)) * (2 if fmt.is_complex else 1)
+    if alpha_vanishes:
+        with np.errstate(over="ignore"):
+            vanished = vanished + abs(alpha) * (np.abs(zero_nonfinite(A2)) @ np.abs(zero_nonfinite(B2))) \
+                * (2 if fmt.is_complex else 1)
     rows = None
     if use_ab and matmul_input_format(model, fin) is not None:
         rows = (np.sum(np.abs(A2), axis=-1, keepdims=True), np.sum(np.abs(B2), axis=-2, keepdims=True))
@@ -256,7 +264,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
         rowsum = np.sum(np.abs(A2), axis=-1, keepdims=True)
         colsum = np.sum(np.abs(B2), axis=-2, keepdims=True)
         scaled_underflow = acc.min_subnormal * (rowsum + colsum) * (2 if fmt.is_complex else 1)
-    if use_ab and alpha == 0 and c is not None:
+    if use_ab and alpha_held == 0 and c is not None:
         # The product is formed and then multiplied by zero: its overflow makes NaN.
         with np.errstate(over="ignore"):
             inner = np.abs(zero_nonfinite(A2)) @ np.abs(zero_nonfinite(B2))
@@ -328,7 +336,9 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
 
     def terms(finite: bool) -> list[list[Term]]:
         z = zero_nonfinite if finite else (lambda v: v)
-        return _product_terms(z(Xf), z(Yf), coef, fmt, drop_zero=False)
+        # Autograd multiplies by alpha in opmath, where a tiny one is 0 and makes 0 * inf = NaN.
+        return _product_terms(z(Xf), z(Yf), coef if finite else held(coef, opmath_format(fin)), fmt,
+                              drop_zero=False)
 
     exact_terms, special_terms = _both(terms, Xf, Yf)
     n = Xf.shape[-1] * (2 if fmt.is_complex else 1)
@@ -370,7 +380,8 @@ def _grad_scaled_sum(op: str, G: np.ndarray, shape: tuple[int, ...], coef: float
         v = zero_nonfinite(folded) if finite else folded
         values = [v.real, v.imag] if fmt.is_complex else [v]
         makers = [lambda k, w=w: RowTerm(k, w, None, narrow) for w in values]
-        return [scaled(coef, makers, p, drop_zero=False) for p in range(len(values))]
+        k = coef if finite else held(coef, opmath_format(fin))
+        return [scaled(k, makers, p, drop_zero=False) for p in range(len(values))]
 
     exact_terms, special_terms = _both(terms, folded)
     acc = accumulation_format(model, fin)

@@ -1,0 +1,136 @@
+"""``[tool.exactref]`` in a kernel repository's pyproject.toml, merged with command-line options.
+
+Only the standard library is imported here, so that reading the
+configuration costs nothing when a repository does not use ExactRef.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Config", "ConfigError", "read_pyproject"]
+
+#: Every key ``[tool.exactref]`` may hold.
+KEYS = ("kernels", "strategies", "regressions", "examples", "device", "suite", "ops", "formats")
+
+
+class ConfigError(ValueError):
+    """A bad ``[tool.exactref]`` entry or option; the message names the key, the value and the file."""
+
+
+@dataclass
+class Config:
+    """Where the kernels, the strategies and the regression cases are, and how hard to search."""
+
+    root: Path
+    kernels: str | None = None
+    strategies: str | None = None
+    regressions: Path | None = None
+    examples: int | None = None
+    device: str = "cpu"
+    suite: bool = False
+    ops: tuple[str, ...] | None = None
+    formats: tuple[str, ...] | None = None
+    source: str = "defaults"
+    given: set[str] = field(default_factory=set)
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise ConfigError(f"reading {path} needs the 'tomli' package on Python 3.10: "
+                              "pip install tomli") from None
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def read_pyproject(root: Path) -> dict[str, Any] | None:
+    """The ``[tool.exactref]`` table of ``root/pyproject.toml``, or None when there is none."""
+    path = root / "pyproject.toml"
+    if not path.is_file():
+        return None
+    # Skip parsing for the many repositories that never mention exactref.
+    try:
+        if b"exactref" not in path.read_bytes():
+            return None
+    except OSError:
+        return None
+    table = _load_toml(path).get("tool", {}).get("exactref")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"[tool.exactref] in {path} must be a table, not {table!r}")
+    return table
+
+
+def _names(key: str, value: Any, where: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in items):
+        raise ConfigError(f"{key} = {value!r} ({where}) must be a list of names, e.g. ['matmul', 'sum']")
+    return tuple(v.strip() for v in items)
+
+
+def build(root: Path, table: dict[str, Any] | None, options: dict[str, Any]) -> Config:
+    """The configuration from the pyproject table (may be None) overridden by non-None ``options``.
+
+    ``options`` uses the same keys as the table.  Relative paths are relative
+    to ``root``.
+    """
+    where = f"[tool.exactref] in {root / 'pyproject.toml'}"
+    table = dict(table or {})
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys {unknown}; the keys are: {', '.join(KEYS)}")
+    merged: dict[str, Any] = {}
+    given = set()
+    for key in KEYS:
+        if options.get(key) is not None:
+            merged[key] = options[key]
+            given.add(key)
+        elif key in table:
+            merged[key] = table[key]
+    cfg = Config(root=root, source=where if table else "the command line", given=given)
+
+    def origin(key: str) -> str:
+        return "on the command line" if key in given else where
+
+    for key in ("kernels", "strategies", "device"):
+        value = merged.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(f"{key} = {value!r} ({origin(key)}) must be a non-empty string, "
+                              "e.g. 'mykernels.exactref_kernels'")
+        if value is not None:
+            setattr(cfg, key, value.strip())
+    regressions = merged.get("regressions")
+    if regressions is not None:
+        if not isinstance(regressions, (str, Path)) or not str(regressions).strip():
+            raise ConfigError(f"regressions = {regressions!r} ({origin('regressions')}) must be a directory path, "
+                              "e.g. 'tests/exactref_regressions'")
+        path = Path(regressions)
+        cfg.regressions = path if path.is_absolute() else root / path
+    examples = merged.get("examples")
+    if examples is not None:
+        if isinstance(examples, str) and examples.isdigit():
+            examples = int(examples)
+        if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+            raise ConfigError(f"examples = {examples!r} ({origin('examples')}) must be a whole number of at least 1")
+        cfg.examples = examples
+    suite = merged.get("suite", False)
+    if not isinstance(suite, bool):
+        raise ConfigError(f"suite = {suite!r} ({origin('suite')}) must be true or false")
+    cfg.suite = suite
+    cfg.ops = _names("ops", merged.get("ops"), origin("ops"))
+    cfg.formats = _names("formats", merged.get("formats"), origin("formats"))
+    return cfg

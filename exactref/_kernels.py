@@ -1,0 +1,387 @@
+"""Kernel modules: what a kernel repository hands ExactRef to test, and how its kernels are called.
+
+A kernel module defines ``EXACTREF_KERNELS``, a mapping from op name to either
+the forward callable or a dict describing the kernel (see ``docs/plugin.md``).
+This module reads and validates that mapping, converts arrays to and from
+torch or numpy, and calls the kernels.  It imports neither Hypothesis nor
+``strategies``, so that a standalone regression test runs without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "AUTOGRAD",
+    "DIRECTIONS",
+    "FORMATS",
+    "OP_INPUTS",
+    "Kernel",
+    "KernelOutputError",
+    "KernelRaisedError",
+    "call_kernel",
+    "device_problem",
+    "ensure_importable",
+    "kernel_formats",
+    "load_kernels",
+    "to_numpy",
+    "to_torch",
+]
+
+#: The forward and backward direction of an op.
+DIRECTIONS: tuple[str, ...] = ("forward", "backward")
+#: A kernel's backward may be this string: the plugin runs torch autograd through the forward.
+AUTOGRAD = "autograd"
+#: Every format, in the order cells are listed.
+FORMATS: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16", "complex64", "complex128")
+_REAL = FORMATS[:4]
+
+
+class _OpInfo(NamedTuple):
+    inputs: tuple[str, ...]
+    keywords: tuple[str, ...]
+    has_backward: bool
+    formats: tuple[str, ...]
+    model_keyword: str | None
+
+
+# The same names as strategies.SIGNATURES (a test keeps them equal); repeated
+# here so that this module does not import Hypothesis.
+OP_INPUTS: dict[str, _OpInfo] = {
+    "matmul": _OpInfo(("A", "B"), (), True, FORMATS, "model"),
+    "gemm": _OpInfo(("A", "B", "C"), ("alpha", "beta"), True, FORMATS, "model"),
+    "add": _OpInfo(("x", "y"), ("alpha",), True, FORMATS, "model"),
+    "multiply": _OpInfo(("x", "y"), (), True, FORMATS, "model"),
+    "sum": _OpInfo(("x",), ("axis", "keepdims"), True, FORMATS, "model"),
+    "scaled_dot_product_attention": _OpInfo(
+        ("query", "key", "value"), ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), True,
+        _REAL, "algorithm"),
+    "matrix_exp": _OpInfo(("A",), (), True, FORMATS, None),
+    "matrix_exp_frechet": _OpInfo(("A", "E"), (), False, FORMATS, None),
+}
+
+_ENTRY_KEYS = ("forward", "backward", "formats", "arrays", "model", "backward_model", "reference_options",
+               "strategy_options", "known_failures")
+_ARRAYS = ("torch", "numpy")
+MODULE_ATTRIBUTE = "EXACTREF_KERNELS"
+
+
+class KernelRaisedError(Exception):
+    """The kernel under test raised instead of returning; the message holds its traceback."""
+
+
+class KernelOutputError(TypeError):
+    """The kernel returned something that is not an output or gradients: no array, an unknown gradient."""
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+    """One op's kernel from a kernel module, with how to judge it.
+
+    ``models`` maps a direction to the error model (an ErrorModel or an
+    AttentionAlgorithm, or a dict from format name to one) that the
+    reference uses; None means exactref's default.
+    """
+
+    op: str
+    forward: Callable[..., Any]
+    backward: Callable[..., Any] | str | None
+    formats: tuple[str, ...]
+    arrays: str
+    source: str
+    models: dict[str, Any] = field(default_factory=dict)
+    reference_options: dict[str, Any] = field(default_factory=dict)
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    known_failures: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        return DIRECTIONS if self.backward is not None else DIRECTIONS[:1]
+
+    def model(self, direction: str, fmt: str) -> Any:
+        """The error model the reference uses for this direction and format (None: exactref's default)."""
+        model = self.models.get(direction)
+        if isinstance(model, Mapping):
+            return model.get(fmt)
+        return model
+
+    def reference_kwargs(self, direction: str, fmt: str) -> dict[str, Any]:
+        """Keywords for exactref's op beyond the case's own: the model, and any reference options."""
+        out = dict(self.reference_options)
+        model = self.model(direction, fmt)
+        keyword = OP_INPUTS[self.op].model_keyword
+        if model is not None and keyword is not None:
+            out[keyword] = model
+        return out
+
+
+def _import(name: str, what: str) -> Any:
+    if not isinstance(name, str) or not name or name.startswith("."):
+        raise ValueError(f"{what}={name!r} must be an absolute module name such as 'mykernels.exactref_kernels'")
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ImportError(f"could not import the kernel module {name!r} ({what}): {exc}; check that it "
+                          "is installed or importable from the repository root") from exc
+    except Exception as exc:
+        tb = "".join(traceback.format_exception(exc))
+        raise ImportError(f"the kernel module {name!r} ({what}) raised {type(exc).__name__} when imported: "
+                          f"{exc}\n{tb}") from exc
+
+
+def ensure_importable(root: Path) -> None:
+    """Put the repository root on sys.path, as ``python -m`` does, so its packages import."""
+    text = str(root)
+    if text not in sys.path:
+        sys.path.insert(0, text)
+
+
+def load_kernels(name: str, *, device: str = "cpu", what: str = "kernels") -> dict[str, Kernel]:
+    """Import the module ``name`` and read its ``EXACTREF_KERNELS`` into Kernels, by op.
+
+    ``EXACTREF_KERNELS`` is a dict, or a function of the device name that
+    returns one (so that models can follow the device).  Every problem is a
+    ValueError or TypeError naming the module, the op and the key, with the
+    value found.
+    """
+    module = _import(name, what)
+    mapping = getattr(module, MODULE_ATTRIBUTE, None)
+    if callable(mapping) and not isinstance(mapping, Mapping):
+        mapping = mapping(device)
+    if mapping is None:
+        raise ValueError(f"the kernel module {name!r} defines no {MODULE_ATTRIBUTE}; define "
+                         f"{MODULE_ATTRIBUTE} = {{'matmul': my_matmul, ...}}, a dict from op name to kernel")
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"{name}.{MODULE_ATTRIBUTE} must be a dict from op name to kernel, "
+                        f"not {type(mapping).__name__}")
+    arrays = getattr(module, "EXACTREF_ARRAYS", "torch")
+    return {op: _read_entry(name, op, entry, arrays) for op, entry in mapping.items()}
+
+
+def _read_entry(module: str, op: Any, entry: Any, default_arrays: Any) -> Kernel:
+    where = f"{module}.{MODULE_ATTRIBUTE}[{op!r}]"
+    if op not in OP_INPUTS:
+        raise ValueError(f"{module}.{MODULE_ATTRIBUTE} has the key {op!r}, which is not an op; "
+                         f"use op names from: {', '.join(OP_INPUTS)}")
+    info = OP_INPUTS[op]
+    if callable(entry):
+        entry = {"forward": entry}
+    if not isinstance(entry, Mapping):
+        raise TypeError(f"{where} must be the forward callable or a dict with 'forward' (and optionally "
+                        f"'backward', 'formats', ...), not {type(entry).__name__} {entry!r:.60}")
+    unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown}; the keys are: {', '.join(_ENTRY_KEYS)}")
+    forward = entry.get("forward")
+    if not callable(forward):
+        raise TypeError(f"{where}['forward'] must be callable, called like exactref.{op}(...); got {forward!r:.60}")
+    backward = entry.get("backward")
+    if backward is not None:
+        if not info.has_backward:
+            raise ValueError(f"{where}['backward'] is given, but {op} has no backward; remove it")
+        if not (callable(backward) or backward == AUTOGRAD):
+            raise TypeError(f"{where}['backward'] must be callable or {AUTOGRAD!r}; got {backward!r:.60}")
+    arrays = entry.get("arrays", default_arrays)
+    if arrays not in _ARRAYS:
+        raise ValueError(f"{where}['arrays']={arrays!r} must be one of {_ARRAYS}")
+    if backward == AUTOGRAD and arrays != "torch":
+        raise ValueError(f"{where}['backward']={AUTOGRAD!r} needs torch arrays, but 'arrays' is {arrays!r}")
+    formats = _read_formats(where, entry.get("formats"), info.formats, op)
+    models = {"forward": entry.get("model"), "backward": entry.get("backward_model", entry.get("model"))}
+    for key in ("model", "backward_model"):
+        _check_model(where, key, entry.get(key), op, info.model_keyword)
+    options = {}
+    for key in ("reference_options", "strategy_options"):
+        value = entry.get(key, {})
+        if not isinstance(value, Mapping):
+            raise TypeError(f"{where}[{key!r}] must be a dict of keyword arguments, not {value!r:.60}")
+        options[key] = dict(value)
+    known = entry.get("known_failures", {})
+    if not isinstance(known, Mapping) or not all(isinstance(v, str) for v in known.values()):
+        raise TypeError(f"{where}['known_failures'] must be a dict from format name to the reason, "
+                        f"not {known!r:.80}")
+    for fmt in known:
+        if fmt not in formats:
+            raise ValueError(f"{where}['known_failures'] names {fmt!r}, which is not one of its formats {formats}")
+    source = f"{module}:{op}"
+    return Kernel(op, forward, backward, formats, arrays, source, models,
+                  options["reference_options"], options["strategy_options"], dict(known))
+
+
+def _read_formats(where: str, value: Any, allowed: tuple[str, ...], op: str) -> tuple[str, ...]:
+    if value is None:
+        return allowed
+    items = [value] if isinstance(value, str) else value
+    try:
+        names = [_format_name(v) for v in items]
+    except TypeError:
+        raise TypeError(f"{where}['formats']={value!r} must be a list of format names from: "
+                        f"{', '.join(allowed)}") from None
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise ValueError(f"{where}['formats']={value!r}: {op} takes the formats {', '.join(allowed)}")
+    return tuple(n for n in FORMATS if n in names)
+
+
+def _format_name(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    name = getattr(value, "name", None) or str(value).replace("torch.", "")
+    if not isinstance(name, str):
+        raise TypeError(value)
+    return name
+
+
+def _check_model(where: str, key: str, value: Any, op: str, keyword: str | None) -> None:
+    if value is None:
+        return
+    if keyword is None:
+        raise ValueError(f"{where}[{key!r}] is given, but exactref.{op} has one tolerance model and no "
+                         "'model' keyword; remove it")
+    values = value.values() if isinstance(value, Mapping) else [value]
+    import exactref as er
+
+    want = er.AttentionAlgorithm if keyword == "algorithm" else er.ErrorModel
+    for v in values:
+        if not isinstance(v, want):
+            raise TypeError(f"{where}[{key!r}] must be an {want.__name__} (or a dict from format name to "
+                            f"one), not {v!r:.60}")
+
+
+def device_problem(device: str) -> str | None:
+    """Why kernels cannot get tensors on ``device`` (None when they can), naming the device."""
+    if device == "cpu":
+        return None
+    try:
+        import torch
+    except ImportError:
+        return f"{device} needs torch: pip install torch"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return (f"{device}: no CUDA device is available here (torch {torch.__version__}, "
+                "torch.cuda.is_available() is False); run on a machine with a GPU and a CUDA build "
+                "of torch, or leave the device out for the CPU")
+    try:
+        torch.empty(1, device=device)
+    except (RuntimeError, ValueError) as exc:
+        return f"{device}: torch cannot use it: {exc}"
+    return None
+
+
+def kernel_formats(kernel: Kernel, wanted: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The kernel's formats, restricted to ``wanted`` when given."""
+    return kernel.formats if wanted is None else tuple(f for f in kernel.formats if f in wanted)
+
+
+# ---------------------------------------------------------------- arrays
+
+
+def to_torch(value: Any, device: str, *, requires_grad: bool = False) -> Any:
+    """A torch tensor with exactly the values and dtype of a numpy array (others unchanged)."""
+    if not isinstance(value, np.ndarray):
+        return value
+    import torch
+
+    a = np.array(value, order="C", copy=True)
+    if a.dtype.name == "bfloat16":
+        # torch cannot read ml_dtypes arrays; the bits are the same, so go through int16.
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a)
+    t = t.to(device)
+    if requires_grad and (t.is_floating_point() or t.is_complex()):
+        t.requires_grad_(True)
+    return t
+
+
+def to_numpy(value: Any) -> Any:
+    """A numpy copy of a torch tensor on any device; numpy arrays and others unchanged."""
+    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
+        from ._convert import _torch_to_numpy
+
+        return _torch_to_numpy(value)
+    return value
+
+
+def _convert(value: Any, kernel: Kernel, device: str, requires_grad: bool = False) -> Any:
+    if kernel.arrays == "torch":
+        return to_torch(value, device, requires_grad=requires_grad)
+    return np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+
+
+def call_kernel(kernel: Kernel, direction: str, inputs: Mapping[str, Any], kwargs: Mapping[str, Any],
+                grad: Any, *, device: str = "cpu") -> Any:
+    """Run the kernel on numpy inputs: the output array (forward) or a dict of gradients by name.
+
+    Inputs are copied, so a kernel that writes into them changes nothing
+    else.  A kernel that raises gives :class:`KernelRaisedError` with its
+    traceback; one that returns something that is not an array or gradients
+    gives :class:`KernelOutputError` saying what was expected.
+    """
+    array_names = [k for k, v in inputs.items() if isinstance(v, np.ndarray)]
+    autograd = direction == "backward" and kernel.backward == AUTOGRAD
+    args = [_convert(v, kernel, device, requires_grad=autograd) for v in inputs.values()]
+    kw = {k: _convert(v, kernel, device) for k, v in kwargs.items()}
+    try:
+        if direction == "forward":
+            return _output(kernel.forward(*args, **kw), kernel, "output")
+        g = _convert(grad, kernel, device)
+        if autograd:
+            out = kernel.forward(*args, **kw)
+            out.backward(g)
+            import torch
+
+            got = {f"grad_{n}": (a.grad if a.grad is not None else torch.zeros_like(a))
+                   for n, a in zip(inputs, args, strict=True) if isinstance(a, torch.Tensor) and a.requires_grad}
+        else:
+            got = kernel.backward(*args, g, **kw)
+    except Exception as exc:
+        raise KernelRaisedError(_raised(kernel, direction, exc)) from exc
+    return _gradients(got, kernel, array_names)
+
+
+def _raised(kernel: Kernel, direction: str, exc: BaseException) -> str:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return (f"the {kernel.op} {direction} kernel ({kernel.source}) raised "
+            f"{type(exc).__name__}: {exc}\n\nIts traceback:\n{tb.rstrip()}")
+
+
+def _output(value: Any, kernel: Kernel, what: str) -> np.ndarray:
+    value = to_numpy(value)
+    if isinstance(value, (list, tuple, int, float, complex, np.generic)):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray):
+        raise KernelOutputError(f"the {kernel.op} kernel ({kernel.source}) returned {type(value).__name__} "
+                                f"{value!r:.60} as its {what}; return a torch tensor or a numpy array")
+    return value
+
+
+def _gradients(got: Any, kernel: Kernel, array_names: list[str]) -> dict[str, np.ndarray]:
+    names = [f"grad_{n}" for n in array_names]
+    if isinstance(got, Mapping):
+        unknown = sorted(set(got) - set(names))
+        if unknown:
+            raise KernelOutputError(f"the {kernel.op} backward ({kernel.source}) returned gradients {unknown}; "
+                                    f"this case's gradients are {names}")
+        return {n: _output(v, kernel, n) for n, v in got.items() if v is not None}
+    if isinstance(got, (tuple, list)):
+        all_names = [f"grad_{n}" for n in OP_INPUTS[kernel.op].inputs]
+        if len(got) == len(all_names):
+            pairs = zip(all_names, got, strict=True)
+        elif len(got) == len(names):
+            pairs = zip(names, got, strict=True)
+        else:
+            raise KernelOutputError(f"the {kernel.op} backward ({kernel.source}) returned {len(got)} values; "
+                                    f"return one gradient per input ({', '.join(all_names)}) or a dict by name")
+        return {n: _output(v, kernel, n) for n, v in pairs if v is not None and n in names}
+    if len(names) == 1:
+        return {names[0]: _output(got, kernel, names[0])}
+    raise KernelOutputError(f"the {kernel.op} backward ({kernel.source}) returned {type(got).__name__}; "
+                            f"return a dict {{{', '.join(repr(n) for n in names)}: ...}} or a tuple in that order")

@@ -1,0 +1,262 @@
+"""The built-in property suite: for each kernel, op, format and direction, a Hypothesis search for a mismatch.
+
+Shared by the pytest plugin (one test item per cell) and ``exactref audit``
+(one table row per cell).  A cell draws its cases from the strategy that the
+``strategies`` registry hands out for the op (a kernel repository's own, when
+it registered one), judges the kernel on each with :func:`exactref._judge.judge`,
+and steers the search with ``hypothesis.target`` toward the worst
+error/tolerance ratio, so that near misses are pushed over the line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings, target
+from hypothesis.errors import FailedHealthCheck, Unsatisfiable
+
+from ._judge import BaseExceptionGroup, judge
+from ._kernels import Kernel, kernel_formats
+from .errors import ReferenceUnavailableError
+
+__all__ = ["Cell", "CellRun", "cells", "run_cell", "strategy_source"]
+
+TARGET_LABEL = "worst error/tolerance ratio"
+# hypothesis.target needs a finite score.
+_TARGET_CAP = 1e300
+
+
+@dataclass(frozen=True, eq=False)
+class Cell:
+    """One op of one kernel, in one format and one direction."""
+
+    kernel: Kernel
+    fmt: str
+    direction: str
+
+    @property
+    def op(self) -> str:
+        return self.kernel.op
+
+    @property
+    def name(self) -> str:
+        """The cell's name, which is also its pytest test id: ``matmul[float16-backward]``."""
+        return f"{self.op}[{self.fmt}-{self.direction}]"
+
+    @property
+    def known_failure(self) -> str | None:
+        return self.kernel.known_failures.get(self.fmt)
+
+
+def cells(kernels: Mapping[str, Kernel], *, ops: Iterable[str] | None = None,
+          formats: Iterable[str] | None = None, directions: Iterable[str] | None = None) -> list[Cell]:
+    """Every cell of ``kernels``, optionally only some ops, formats and directions, in a stable order."""
+    wanted_ops = None if ops is None else set(ops)
+    wanted_formats = None if formats is None else tuple(formats)
+    wanted_dirs = None if directions is None else set(directions)
+    out = []
+    for op, kernel in kernels.items():
+        if wanted_ops is not None and op not in wanted_ops:
+            continue
+        for fmt in kernel_formats(kernel, wanted_formats):
+            for direction in kernel.directions:
+                if wanted_dirs is None or direction in wanted_dirs:
+                    out.append(Cell(kernel, fmt, direction))
+    return out
+
+
+@dataclass
+class CellRun:
+    """What searching one cell found."""
+
+    cell: Cell
+    strategy: str = ""
+    examples: int = 0
+    unavailable: int = 0
+    ratios: list[float] = field(default_factory=list)
+    failures: list[BaseException] = field(default_factory=list)
+    error: BaseException | None = None
+    skipped: str = ""
+    seconds: float = 0.0
+    cut_short: bool = False
+
+    @property
+    def worst(self) -> float:
+        return max(self.ratios, default=0.0)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and self.error is None
+
+
+def strategy_source(op: str) -> str:
+    """Where the op's cases come from: a registered strategy's source, or the built-in factory."""
+    import strategies as sx
+
+    return sx.registered().get(op, f"strategies.{op}_inputs")
+
+
+def cell_strategy(cell: Cell) -> Any:
+    """The cell's strategy: the registered or built-in one, asked for the cell's format.
+
+    A registered strategy *object* takes no options, so its cases are
+    filtered to the cell's format instead.
+    """
+    import strategies as sx
+
+    options = {"dtypes": [cell.fmt], **cell.kernel.strategy_options}
+    try:
+        return sx.strategy_for(cell.op, **options)
+    except TypeError as first:
+        if cell.op not in sx.registered():
+            raise
+        try:
+            plain = sx.strategy_for(cell.op)
+        except TypeError:
+            raise first from None
+        return plain.filter(lambda case: case.format.name == cell.fmt)
+
+
+def _flatten(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        out: list[BaseException] = []
+        for inner in exc.exceptions:
+            out.extend(_flatten(inner))
+        return out
+    return [exc]
+
+
+class _OutOfTime(BaseException):
+    """Ends a cell's Hypothesis run; a BaseException, so that Hypothesis does not take it for a failure."""
+
+
+def _size(case: Any) -> tuple[int, int]:
+    """How big a case is, for keeping the smallest failing case of a run cut short."""
+    from ._cases import encode_case
+
+    arrays = [v for v in (*case.inputs.values(), *case.kwargs.values(), case.grad) if hasattr(v, "size")]
+    return sum(int(a.size) for a in arrays), len(json.dumps(encode_case(case.op, case.inputs, case.kwargs,
+                                                                         case.grad)))
+
+
+def _origin(exc: BaseException) -> tuple[Any, ...]:
+    # The keyed failure types already say kind and place; other errors are told apart by text.
+    if isinstance(exc, BaseExceptionGroup):
+        return tuple(t for e in exc.exceptions for t in _origin(e))
+    return (type(exc),) if hasattr(type(exc), "where") else (type(exc), str(exc).split("\n", 1)[0])
+
+
+def _distinct(failures: list[BaseException]) -> list[BaseException]:
+    """One failure per kind and place, the one with the smallest case: a group's members may repeat
+    a failure also found alone."""
+    best: dict[tuple[Any, ...], BaseException] = {}
+    for exc in failures:
+        key = _origin(exc)
+        case = getattr(exc, "_exactref_case", None)
+        old = best.get(key)
+        if old is None or (case is not None and getattr(old, "_exactref_case", None) is not None
+                           and _size(case) < _size(old._exactref_case)):  # type: ignore[attr-defined]
+            best[key] = exc
+    return list(best.values())
+
+
+def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device: str = "cpu",
+             seed_value: int | None = None, database_key: str | None = None,
+             shrink_seconds: float | None = None, on_example: Callable[[], None] | None = None) -> CellRun:
+    """Search one cell; return what was found (failures are returned, not raised).
+
+    ``base`` holds the Hypothesis settings to start from (the profile in
+    pytest, quiet and database-free in the audit); ``seed_value`` makes the
+    search reproducible; ``database_key`` keeps each cell's saved examples
+    apart in Hypothesis's database.
+
+    ``shrink_seconds`` bounds the time spent after the first failure.  Once a
+    failure is found, Hypothesis goes on looking for other failures and
+    shrinks each one; for large cases (attention, whose cases take ~20 ms to
+    draw) that can take minutes.  When the time is up the run is cut short
+    and each failure is reported with the smallest case seen for it.
+    """
+    run = CellRun(cell, strategy=strategy_source(cell.op))
+    note = f"Examples drawn by {run.strategy}."
+    start = time.perf_counter()
+    try:
+        strategy = cell_strategy(cell)
+    except Exception as exc:  # a strategy that cannot be built is this cell's error, with its message
+        run.error = exc
+        run.seconds = time.perf_counter() - start
+        return run
+
+    found_at: list[float] = []
+    smallest: dict[tuple[Any, ...], tuple[tuple[int, int], BaseException]] = {}
+
+    def body(case: Any) -> None:
+        case = case.to_numpy()
+        if found_at and shrink_seconds is not None and time.perf_counter() - found_at[0] > shrink_seconds:
+            raise _OutOfTime
+        try:
+            verdict = judge(cell.kernel, cell.direction, case.inputs, case.kwargs, case.grad, device=device,
+                            note=note)
+        except ReferenceUnavailableError:
+            run.unavailable += 1
+            reject()
+        except Exception as exc:
+            # Attached so that the plugin can save the minimal case Hypothesis ends with.
+            for each in _flatten(exc):
+                each._exactref_case = case  # type: ignore[attr-defined]
+            partial = getattr(exc, "verdict", None)
+            if partial is not None:
+                run.ratios.append(partial.worst)
+            if not found_at:
+                found_at.append(time.perf_counter())
+            if shrink_seconds is not None:
+                size, key = _size(case), _origin(exc)
+                if key not in smallest or size < smallest[key][0]:
+                    smallest[key] = (size, exc)
+            raise
+        if not found_at:
+            # Examples run after the first failure are not counted: they are variations of it.
+            run.examples += 1
+            if on_example is not None:
+                on_example()
+        run.ratios.append(verdict.worst)
+        if math.isfinite(verdict.worst):
+            target(min(verdict.worst, _TARGET_CAP), label=TARGET_LABEL)
+
+    if database_key is not None:
+        # Hypothesis keys its database by the test function; every cell shares this one.
+        body._hypothesis_internal_add_digest = database_key.encode()  # type: ignore[attr-defined]
+    # No explain phase: the lines it would point at are exactref's own, not the kernel's.
+    phases = [p for p in base.phases if p != Phase.explain]
+    chosen = settings(base, max_examples=examples if examples is not None else base.max_examples,
+                      deadline=None, report_multiple_bugs=True, phases=phases,
+                      suppress_health_check=list(HealthCheck))
+    test = settings(chosen)(given(strategy)(body))
+    if seed_value is not None:
+        test = seed(zlib.crc32(cell.name.encode()) ^ seed_value)(test)
+    try:
+        test()
+    except _OutOfTime:
+        run.failures = _distinct([e for _, exc in smallest.values() for e in _flatten(exc)])
+        run.cut_short = True
+    except Unsatisfiable:
+        run.skipped = (f"{run.strategy} drew no {cell.op} cases in {cell.fmt} that exactref could judge "
+                       f"({run.unavailable} had no decidable reference)")
+    except FailedHealthCheck as exc:
+        run.error = exc
+    except BaseException as exc:  # every failure Hypothesis reports is the cell's result
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        run.failures = _distinct(_flatten(exc))
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def audit_settings() -> settings:
+    """Quiet, database-free settings: the audit prints its own report."""
+    return settings(database=None, verbosity=Verbosity.quiet, derandomize=False, print_blob=False)

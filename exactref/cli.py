@@ -1,0 +1,272 @@
+"""The ``exactref`` command: ``exactref audit`` and ``exactref to-pytest``.
+
+``exactref audit`` runs the built-in property suite against a kernel module
+(PyTorch's own kernels unless configured otherwise), shows a progress bar,
+then a table, then the minimal counterexamples, and exits 1 on any mismatch.
+``exactref to-pytest CASE`` turns a saved regression case into a standalone
+pytest file.  See ``docs/audit.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["main"]
+
+DEFAULT_KERNELS = "exactref._torch_kernels"
+#: Examples per cell when neither --examples nor [tool.exactref] examples says otherwise.
+DEFAULT_EXAMPLES = 100
+#: Seconds a cell may spend after its first failure looking for others and shrinking.
+SHRINK_SECONDS = 20.0
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A bad flag or configuration; printed without a traceback, exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="exactref", description="Exact references for numerical kernels.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    audit = sub.add_parser("audit", help="run the built-in property suite against a kernel module",
+                           description="Run the built-in property suite against a kernel module: every op it "
+                                       "provides, every format, forward and backward. Without --kernels or "
+                                       "[tool.exactref] kernels, PyTorch's own kernels.")
+    audit.add_argument("--ops", metavar="OPS", help="comma-separated ops (default: every op the kernels have)")
+    audit.add_argument("--dtypes", metavar="DTYPES", help="comma-separated formats (default: every one)")
+    audit.add_argument("--examples", metavar="N", type=int, help=f"examples per op, format and direction "
+                                                                 f"(default {DEFAULT_EXAMPLES})")
+    audit.add_argument("--kernels", metavar="MODULE", help=f"the kernel module (default: {DEFAULT_KERNELS}, "
+                                                           "PyTorch's own)")
+    audit.add_argument("--strategies", metavar="MODULE", help="a module that registers strategies per op")
+    audit.add_argument("--device", metavar="DEVICE", help="the torch device the kernels run on (default cpu)")
+    audit.add_argument("--seed", metavar="N", type=int, help="seed of the search; the same seed repeats a run")
+    audit.add_argument("--report", metavar="FILE", type=Path,
+                       help="also write a report with plots: FILE.md (Markdown) or FILE.html (needs matplotlib)")
+    audit.add_argument("--regressions", metavar="DIR", type=Path,
+                       help="save each minimal failing case there, as the pytest plugin does")
+    case = sub.add_parser("to-pytest", help="turn a regression case into a standalone pytest file",
+                          description="Turn a regression case file into a pytest file that replays it without "
+                                      "Hypothesis.")
+    case.add_argument("case", metavar="CASE", type=Path, help="the regression case file (.json)")
+    case.add_argument("-o", "--output", metavar="FILE", type=Path, help="where to write it (default: stdout)")
+    case.add_argument("--kernels", metavar="MODULE", help="the kernel module, instead of the one the case names")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; return the exit status (0 ok, 1 mismatches, 2 usage or configuration errors)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "audit":
+            return audit(args, sys.stdout, sys.stderr)
+        return to_pytest(args, sys.stdout)
+    except UsageError as exc:
+        print(f"exactref {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+# ---------------------------------------------------------------- to-pytest
+
+
+def to_pytest(args: argparse.Namespace, out: TextIO) -> int:
+    from ._cases import CaseFileError, read_case
+    from ._standalone import standalone_test
+
+    try:
+        saved = read_case(args.case)
+    except CaseFileError as exc:
+        raise UsageError(str(exc)) from None
+    source = standalone_test(saved, kernels=args.kernels, output=args.output, root=Path.cwd())
+    if args.output is None:
+        out.write(source)
+    else:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(source, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- audit
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from ._config import ConfigError, build, read_pyproject
+
+    root = Path.cwd()
+    options = {"kernels": args.kernels, "strategies": args.strategies, "examples": args.examples,
+               "device": args.device, "ops": args.ops, "formats": args.dtypes,
+               "regressions": str(args.regressions) if args.regressions else None}
+    try:
+        table = read_pyproject(root)
+        # The regression directory of the pytest plugin is not the audit's to write into.
+        if table is not None:
+            table = {k: v for k, v in table.items() if k != "regressions"}
+        return build(root, table, options)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _check_names(kind: str, flag: str, wanted: tuple[str, ...] | None, known: list[str]) -> None:
+    for name in wanted or ():
+        if name not in known:
+            raise UsageError(f"{flag} names {name!r}, which is not {kind}; use names from: {', '.join(known)}")
+
+
+class Progress:
+    """A one-line progress bar on a terminal; on a log, a line every tenth of the way."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.total = total
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.start = time.perf_counter()
+        self.done = 0
+        self.examples = 0
+        self._shown = -1
+        self._last = 0.0
+
+    def cell(self, name: str) -> None:
+        self.current = name
+        self._draw(force=True)
+
+    def example(self) -> None:
+        self.examples += 1
+        self._draw()
+
+    def finish_cell(self) -> None:
+        self.done += 1
+        self._draw(force=True)
+
+    def _draw(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.tty:
+            if not force and now - self._last < 0.1:
+                return
+            self._last = now
+            width = 30
+            filled = int(width * self.done / max(self.total, 1))
+            bar = "#" * filled + "." * (width - filled)
+            self.stream.write(f"\r[{bar}] {self.done}/{self.total} cells, {self.examples} examples, "
+                              f"{now - self.start:5.1f}s  {getattr(self, 'current', '')[:40]:<40}")
+            self.stream.flush()
+            return
+        tenth = 10 * self.done // max(self.total, 1)
+        if force and tenth != self._shown:
+            self._shown = tenth
+            self.stream.write(f"[{'#' * tenth}{'.' * (10 - tenth)}] {self.done}/{self.total} cells, "
+                              f"{self.examples} examples, {now - self.start:.1f}s\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    cfg = _config(args)
+    if cfg.examples is None:
+        cfg.examples = DEFAULT_EXAMPLES
+    if args.report is not None:
+        from ._audit_report import check_report_path
+
+        try:
+            check_report_path(args.report)
+        except (ValueError, ImportError) as exc:
+            raise UsageError(str(exc)) from None
+    from ._kernels import device_problem
+
+    problem = device_problem(cfg.device)
+    if problem:
+        raise UsageError(f"--device {problem}")
+
+    import warnings
+
+    from ._kernels import FORMATS, OP_INPUTS, ensure_importable, load_kernels
+
+    _check_names("an op", "--ops", cfg.ops, list(OP_INPUTS))
+    _check_names("a format", "--dtypes", cfg.formats, list(FORMATS))
+    ensure_importable(cfg.root)
+    try:
+        if cfg.strategies:
+            import strategies as sx
+
+            sx.load_module(cfg.strategies)
+        kernels = load_kernels(cfg.kernels or DEFAULT_KERNELS, device=cfg.device)
+    except (ImportError, ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from None
+
+    from ._suite import audit_settings, cells, run_cell
+
+    selected = cells(kernels, ops=cfg.ops, formats=cfg.formats)
+    if not selected:
+        raise UsageError(f"nothing to audit: the kernels of {cfg.kernels or DEFAULT_KERNELS} provide "
+                         f"{', '.join(kernels) or 'no ops'} in formats that --ops/--dtypes leave out")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
+    kernel_name = cfg.kernels or f"{DEFAULT_KERNELS} (PyTorch {_torch_version()} on {cfg.device})"
+    print(f"exactref audit: {kernel_name}; {len(selected)} cells (op, format, direction), "
+          f"{cfg.examples} examples each; seed {seed}", file=out)
+    out.flush()
+    progress = Progress(len(selected), err)
+    runs = []
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        # Kernels and references may overflow on purpose (special values); their warnings are noise here.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for cell in selected:
+            progress.cell(cell.name)
+            runs.append(run_cell(cell, base=audit_settings(), examples=cfg.examples, device=cfg.device,
+                                 seed_value=seed, shrink_seconds=SHRINK_SECONDS, on_example=progress.example))
+            progress.finish_cell()
+    progress.close()
+    elapsed = time.perf_counter() - started
+    from ._audit_report import counterexamples, summary, table
+
+    print(table(runs), file=out)
+    print(counterexamples(runs), file=out, end="")
+    status = summary(runs, elapsed, seed)
+    print(status.text, file=out)
+    if cfg.regressions is not None:
+        _save(runs, cfg, out)
+    if args.report is not None:
+        from ._audit_report import write_report
+
+        write_report(args.report, runs, kernel_name=kernel_name, seed=seed, elapsed=elapsed)
+        print(f"wrote {args.report}", file=out)
+    return EXIT_MISMATCH if status.failed else EXIT_OK
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "(not installed)"
+    return str(torch.__version__)
+
+
+def _save(runs: list[Any], cfg: Any, out: TextIO) -> None:
+    from ._cases import suite_content, write_case
+
+    for run in runs:
+        cell = run.cell
+        for exc in run.failures:
+            case = getattr(exc, "_exactref_case", None)
+            if case is None or not hasattr(type(exc), "where"):
+                continue
+            content = suite_content(test=f"exactref::{cell.name}", kernel=f"{cfg.kernels or DEFAULT_KERNELS}:"
+                                    f"{cell.op}", strategy=run.strategy, op=cell.op, direction=cell.direction,
+                                    fmt=cell.fmt, inputs=case.inputs, kwargs=case.kwargs, grad=case.grad,
+                                    model=str(cell.kernel.model(cell.direction, cell.fmt) or "default"),
+                                    failure=str(exc).splitlines()[0][:300])
+            print(f"saved {write_case(cfg.regressions, content)}", file=out)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

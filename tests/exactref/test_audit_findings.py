@@ -1,0 +1,128 @@
+"""False alarms that ``exactref audit`` found on PyTorch's CPU kernels, shrunk and kept as regressions.
+
+Each case runs PyTorch, checks that PyTorch really does the surprising thing,
+and then that exactref covers it; a twin case checks that the leniency stays
+narrow, so that a kernel doing the same thing where PyTorch does not is still
+rejected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import exactref as er
+
+torch = pytest.importorskip("torch")
+INF = float("inf")
+
+
+def _dtype(name: str):
+    return getattr(torch, name)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_add_alpha_that_vanishes_in_the_tensor_format_times_inf_is_nan(dtype):
+    # add converts alpha to the tensor's dtype: 2^-454 is 0 there, and 0 * inf is NaN.
+    alpha = float.fromhex("0x1.31184054876b2p-454")
+    x, y = torch.zeros((), dtype=_dtype(dtype)), torch.full((), INF, dtype=_dtype(dtype))
+    out = torch.add(x, y, alpha=alpha)
+    assert torch.isnan(out)
+    assert er.add(x, y, alpha=alpha).covers(out).all()
+
+
+def test_add_alpha_that_survives_in_float32_times_inf_is_still_inf():
+    x, y = torch.zeros(()), torch.full((), INF)
+    res = er.add(x, y, alpha=1e-9)
+    assert torch.isinf(torch.add(x, y, alpha=1e-9))
+    assert not res.covers(torch.tensor(float("nan"))).any()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_add_grad_y_with_a_vanishing_alpha_times_an_infinite_grad_is_nan(dtype):
+    # Autograd multiplies grad by alpha in opmath (float32 here): 2^-1022 * 0.1 is 0 there.
+    alpha = float.fromhex("0x0.199999999999ap-1022")
+    x, y = (torch.zeros((), dtype=_dtype(dtype), requires_grad=True) for _ in range(2))
+    grad = torch.full((), INF, dtype=_dtype(dtype))
+    torch.add(x, y, alpha=alpha).backward(grad)
+    assert torch.isnan(y.grad)
+    g = er.add.backward(x.detach(), y.detach(), grad, alpha=alpha)
+    assert g["grad_y"].covers(y.grad).all()
+    assert g["grad_x"].covers(x.grad).all()
+    # float16 grad with alpha = 1e-9: zero in float16 but not in float32, where autograd multiplies.
+    if dtype == "float16":
+        y2 = torch.zeros((), dtype=torch.float16, requires_grad=True)
+        torch.add(x.detach(), y2, alpha=1e-9).backward(grad)
+        assert torch.isinf(y2.grad)
+        g2 = er.add.backward(x.detach(), y2.detach(), grad, alpha=1e-9)
+        assert g2["grad_y"].covers(y2.grad).all()
+        assert not g2["grad_y"].covers(torch.tensor(float("nan"), dtype=torch.float16)).any()
+
+
+def test_float16_add_whose_alpha_times_y_overflows_before_the_addition():
+    # PyTorch's CPU add rounds alpha * y to float16 first: -3 * 21840 = -65520 is -inf there,
+    # although 33 + (-65520) = -65487 rounds to -65504.
+    x, y = torch.full((3,), 33.0, dtype=torch.float16), torch.full((3,), 21840.0, dtype=torch.float16)
+    out = torch.add(x, y, alpha=-3.0)
+    assert torch.isinf(out).all()
+    assert er.add(x, y, alpha=-3.0).covers(out).all()
+    # Where alpha * y is far from overflowing, an infinite result is still wrong.
+    small = torch.full((3,), 2000.0, dtype=torch.float16)
+    assert not er.add(x, small, alpha=-3.0).covers(torch.full((3,), -INF, dtype=torch.float16)).any()
+
+
+def _gemm_run(A, B, C, grad, alpha, beta):
+    leaves = [t.clone().requires_grad_() for t in (A, B, C)]
+    out = torch.addmm(leaves[2], leaves[0], leaves[1], alpha=alpha, beta=beta)
+    out.backward(grad)
+    return out.detach(), [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("which", ["grad_A", "grad_B", "grad_C"])
+def test_gemm_backward_with_a_vanishing_coefficient_times_an_infinite_grad_is_nan(which):
+    tiny = float.fromhex("0x1.04025e2fb2735p-376")
+    one, zero = torch.ones(1, 1), torch.zeros(1, 1)
+    A, B = (one, zero) if which == "grad_B" else (zero, one)
+    alpha, beta = (0.0, tiny) if which == "grad_C" else (tiny, 1.0)
+    grad = torch.full((1, 1), INF)
+    _, grads = _gemm_run(A, B, torch.zeros(()), grad, alpha, beta)
+    got = dict(zip(("grad_A", "grad_B", "grad_C"), grads, strict=True))
+    assert torch.isnan(got[which]).all()
+    g = er.gemm.backward(A, B, torch.zeros(()), grad, alpha=alpha, beta=beta)
+    for name, value in got.items():
+        assert g[name].covers(value).all(), name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "complex64"])
+def test_blas_gemm_skips_a_product_whose_alpha_vanishes(dtype):
+    # A 2-D float32 addmm goes to a BLAS, which reads alpha as a float32 0 and never forms A @ B.
+    A, B, C = torch.full((1, 1), INF, dtype=_dtype(dtype)), torch.ones(1, 1, dtype=_dtype(dtype)), \
+        torch.zeros(1, 1, dtype=_dtype(dtype))
+    out = torch.addmm(C, A, B, alpha=1e-50)
+    assert (out == 0).all()
+    assert er.gemm(A, B, C, alpha=1e-50).covers(out).all()
+    # A finite product still counts through the tolerance, however small alpha is.
+    A2 = torch.full((1, 1), 3.0e38)
+    res = er.gemm(A2, torch.full((1, 1), 3.0e38), torch.zeros(1, 1), alpha=1e-50)
+    assert res.covers(torch.addmm(torch.zeros(1, 1), A2, torch.full((1, 1), 3.0e38), alpha=1e-50)).all()
+    assert res.covers(torch.tensor([[float(np.float32(9e26))]])).all()
+
+
+def test_attention_backward_whose_masked_logit_overflows():
+    # The math path adds the causal mask as -inf: a masked logit that overflowed to +inf becomes
+    # NaN, and so do the output and every gradient.
+    q = torch.tensor([[32.0]])
+    k = torch.tensor([[1.0], [float(np.finfo(np.float32).max)]])
+    v, grad = torch.zeros(2, 1), torch.zeros(1, 1)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True, scale=0.125)
+    out.backward(grad)
+    assert torch.isnan(out).all() and torch.isnan(leaves[0].grad).all()
+    assert er.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125).covers(out.detach()).all()
+    g = er.scaled_dot_product_attention.backward(q, k, v, grad, is_causal=True, scale=0.125)
+    for name, t in zip(("grad_query", "grad_key", "grad_value"), leaves, strict=True):
+        assert g[name].covers(t.grad).all(), name
+    # Without the overflow the row is an ordinary one, and NaN is wrong.
+    k_small = torch.tensor([[1.0], [2.0]])
+    assert not er.scaled_dot_product_attention(q, k_small, v, is_causal=True, scale=0.125).covers(
+        torch.full((1, 1), float("nan"))).any()

@@ -1,0 +1,2 @@
+# Which planted bugs are switched on; the tests rewrite this file.
+BUGS: set[str] = set()
