@@ -197,7 +197,9 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
         dP_up = np.abs(fp.dP) + fp.e_dP
         gS = _g(S + wts.nb + 1, u)
         e_Da = (np.sum(fp.P_up * (rho * dP_up + (1 + rho) * e_dPm), axis=-1)
-                + gS * np.sum(fp.P_up * (1 + rho) * (dP_up + e_dPm), axis=-1) + S * eta)
+                + gS * np.sum(fp.P_up * (1 + rho) * (dP_up + e_dPm), axis=-1) + S * eta
+                # A weight that underflows is off by up to eta absolutely, whatever dP is.
+                + eta * (1 + gS) * np.sum(np.where(fp.unmasked, dP_up + e_dPm, 0.0), axis=-1))
         o_up = np.abs(fp.O) + fp.rad_O
         o_err = E_fwd * (1 + u_o) + u_o * o_up + eta_o
         e_Db = (np.einsum("hlc,hlc->hl", fp.absG, o_err)
@@ -205,7 +207,8 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
         e_D = up(np.maximum(e_Da, e_Db) * _SLACK)[..., None]
         t_up = np.abs(fp.T) + fp.e_T
         grow = (1 + rho) * (1 + u) ** 2
-        e_S = fp.P_up * ((grow - 1) * t_up + grow * (e_dPm + e_D)) + eta
+        # The weight's own underflow (up to eta) meets dP - D, which may be huge.
+        e_S = fp.P_up * ((grow - 1) * t_up + grow * (e_dPm + e_D)) + eta * (1 + grow * (t_up + e_dPm + e_D))
         dS_up = np.abs(fp.dS) + fp.e_dS
         if model.ds_in_input_format and half:
             e_S = e_S + u_o * (dS_up + e_S) + eta_o

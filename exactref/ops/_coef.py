@@ -11,7 +11,7 @@ from ..engine.sumprod import Term
 from ..formats import ComplexFormat, Format
 from ..models import scalar_error
 
-__all__ = ["held", "read_coefficient", "scaled", "scalar_relative_error"]
+__all__ = ["held", "magnitude", "read_coefficient", "scaled", "scalar_relative_error"]
 
 
 def read_coefficient(value: Any, name: str, fmt: Format | ComplexFormat, op: str) -> float | complex:
@@ -57,7 +57,15 @@ def scalar_relative_error(c: float | complex, fmt: Format) -> float:
     """|c - c rounded to fmt| / |c|: the relative error of using c in ``fmt`` arithmetic."""
     if c == 0:
         return 0.0
-    return scalar_error(c, fmt) / abs(c)
+    err = scalar_error(c, fmt)
+    if err == 0 or math.isinf(err):
+        return err
+    return err / magnitude(c)
+
+
+def magnitude(c: float | complex) -> float:
+    """|c|, which is inf (not an OverflowError, as ``abs`` of a complex gives) when it overflows."""
+    return math.hypot(c.real, c.imag) if isinstance(c, complex) else abs(c)
 
 
 def held(c: float | complex, fmt: Format) -> float | complex:

@@ -253,13 +253,22 @@ class _Bound:
         return self.M + self.D
 
 
+def _half_spacing(fmt: Format) -> float:
+    """The most one rounding among the subnormals costs, rounded up to a float64."""
+    # Half of float64's own smallest subnormal is 0 in float64; the bound must not be.
+    return max(fmt.min_subnormal / 2, _TINIEST)
+
+
+_TINIEST = float.fromhex("0x1p-1074")
+
+
 class _BoundOps(_Ops):
     """The rounding error rules of one format's arithmetic on n x n matrices."""
 
     def __init__(self, fmt: Format, complex_: bool, n: int) -> None:
         self.n = n
         self.u = fmt.unit_roundoff
-        eta = fmt.min_subnormal / 2
+        eta = _half_spacing(fmt)
         root2 = math.sqrt(2) * (1 + 2.0 ** -50)
         self.cplx = root2 if complex_ else 1.0
         if fmt.p < FLOAT32.p:
@@ -291,7 +300,10 @@ class _BoundOps(_Ops):
             HX, HY = X.H, Y.H
             S = (HX @ HY) * self.fudge
             M = (X.M @ Y.M) * self.fudge
-            D = X.D @ HY + X.M @ Y.D + self.g_mm * S + np.where(S > 0, self.eta_mm, 0.0)
+            # Where the float64 bound S underflows to 0 the kernel's sum may still round: test
+            # for a nonzero term structurally, not by S.
+            reach = ((HX > 0).astype(np.float64) @ (HY > 0).astype(np.float64)) > 0
+            D = X.D @ HY + X.M @ Y.D + self.g_mm * S + np.where(reach, self.eta_mm, 0.0)
             # A non-finite entry of X spoils its whole row of the product, one of Y its column.
             O = X.O.any(axis=-1)[:, None] | Y.O.any(axis=-2)[None, :] | (S * (1 + self.g_mm) >= self.big)
         return _Bound(M, self._clean(D), O)
@@ -302,8 +314,10 @@ class _BoundOps(_Ops):
         with np.errstate(over="ignore", invalid="ignore"):
             S = sum(abs(c) * X.H for c, X in zip(coefs, Xs) if c) * self.fudge
             M = sum(abs(c) * X.M for c, X in zip(coefs, Xs) if c) * self.fudge
+            # abs(c) * X.H can underflow to 0 in the bound while c * x still rounds in the kernel.
+            reach = np.logical_or.reduce([X.H > 0 for c, X in zip(coefs, Xs) if c] or [np.zeros(S.shape, bool)])
             D = sum(abs(c) * X.D for c, X in zip(coefs, Xs) if c) + g * S \
-                + np.where(S > 0, (m + 1) * self.eta * self.cplx, 0.0)
+                + np.where(reach, (m + 1) * self.eta * self.cplx, 0.0)
             # A zero coefficient still multiplies: 0 * inf is NaN.
             O = np.logical_or.reduce([X.O for X in Xs]) | (S * (1 + g) >= self.big)
         return _Bound(M, self._clean(D), O)
@@ -399,7 +413,7 @@ def mexp_tolerance(absA: np.ndarray, fmt: Format, complex_: bool, *, batched: bo
     candidates = select(norm_lo, norm_hi, k, u, batched=batched)
     if not candidates or max(s for _, s in candidates) > _MAX_SQUARINGS:
         return np.full((n, n), np.inf), np.ones((n, n), dtype=bool)
-    eta = fmt.min_subnormal / 2 * ops.cplx
+    eta = _half_spacing(fmt) * ops.cplx
     for degree, s in candidates:
         MB = np.ldexp(absA, -s)
         # The scaling is exact unless an entry lands among the subnormals of the format.

@@ -36,7 +36,7 @@ from ..models import (
 )
 from ..result import Gradients, Result
 from ..rounding import round_float64
-from ._coef import held, read_coefficient, scalar_relative_error
+from ._coef import held, magnitude, read_coefficient, scalar_relative_error
 from ._common import Op, PartSpec, build, check_size, fold_copies, read_grad, zero_nonfinite
 
 __all__ = ["add", "multiply"]
@@ -151,13 +151,13 @@ def add(x: Any, y: Any, *, alpha: float | complex = 1, model: ErrorModel = DEFAU
     # tensor's format before adding (seen for float16 tensors of a few elements).
     scaled_rounding = pfmt != op_fmt and alpha not in (1, -1)
     # ... where alpha * y alone may overflow to inf, whatever x is.
-    scaled_overflow = scaled_rounding and abs(alpha) * absY * (1 + 4 * pfmt.unit_roundoff) >= pfmt.max_finite
+    scaled_overflow = scaled_rounding and magnitude(alpha) * absY * (1 + 4 * pfmt.unit_roundoff) >= pfmt.max_finite
 
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         E = dot_error(sol.S, depth=depth, acc=op_fmt, out=pfmt, terms=2, underflow=alpha not in (1, -1))
-        E = E + rel * sol.S + _scalar_error(ox, pfmt, 1.0) + _scalar_error(oy, pfmt, abs(alpha))
+        E = E + rel * sol.S + _scalar_error(ox, pfmt, 1.0) + _scalar_error(oy, pfmt, magnitude(alpha))
         if scaled_rounding:
-            E = E + pfmt.unit_roundoff * abs(alpha) * absY * 1.01 + pfmt.min_subnormal
+            E = E + pfmt.unit_roundoff * magnitude(alpha) * absY * 1.01 + pfmt.min_subnormal
         return E, overflow_possible(sol.S, op_fmt, depth) | scaled_overflow
 
     specs = [PartSpec(t, special[p] if special else None, tol) for p, t in enumerate(exact)]

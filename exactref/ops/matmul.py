@@ -36,7 +36,7 @@ from ..models import (
     products_may_underflow,
 )
 from ..result import Gradients, Result
-from ._coef import held, read_coefficient, scalar_relative_error, scaled
+from ._coef import held, magnitude, read_coefficient, scalar_relative_error, scaled
 from ._common import Op, PartSpec, build, check_size, fold_copies, read_grad, zero_nonfinite
 
 __all__ = ["gemm", "matmul"]
@@ -138,7 +138,7 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
         else:
             E = dot_error(S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
         may_overflow = overflow_possible(S, acc, depth)
-        inner = S / abs(coef) if coef not in (0, 1, -1) else S
+        inner = S / magnitude(coef) if coef not in (0, 1, -1) else S
         if coef not in (0, 1, -1):
             # The product may be formed before it is scaled by a small coefficient.
             may_overflow = may_overflow | overflow_possible(inner, acc, depth)
@@ -242,10 +242,10 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     rel += scalar_relative_error(beta, fin) if use_c else 0.0
     vanished = 0.0
     if beta_vanishes:
-        vanished = abs(beta) * np.abs(zero_nonfinite(Cv)) * (2 if fmt.is_complex else 1)
+        vanished = magnitude(beta) * np.abs(zero_nonfinite(Cv)) * (2 if fmt.is_complex else 1)
     if alpha_vanishes:
         with np.errstate(over="ignore"):
-            vanished = vanished + abs(alpha) * (np.abs(zero_nonfinite(A2)) @ np.abs(zero_nonfinite(B2))) \
+            vanished = vanished + magnitude(alpha) * (np.abs(zero_nonfinite(A2)) @ np.abs(zero_nonfinite(B2))) \
                 * (2 if fmt.is_complex else 1)
     rows = None
     if use_ab and matmul_input_format(model, fin) is not None:
@@ -253,7 +253,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     scaled_overflow = None
     if use_ab and c is not None and alpha not in (1, -1, 0):
         # A BLAS may scale A (or B) by alpha before multiplying, so alpha * a can overflow on its own.
-        big = acc.max_finite / abs(alpha)
+        big = acc.max_finite / magnitude(alpha)
         rowmax = np.max(np.abs(A2), axis=-1, keepdims=True, initial=0.0)
         colmax = np.max(np.abs(B2), axis=-2, keepdims=True, initial=0.0)
         scaled_overflow = np.broadcast_to((rowmax >= big) | (colmax >= big), shape2)
@@ -351,7 +351,7 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
         # subnormal: half a spacing), then multiplies by alpha.
         extra += 1
         rel += fin.unit_roundoff * 1.01
-        absolute = fin.min_subnormal * abs(coef) * (2 if fmt.is_complex else 1)
+        absolute = fin.min_subnormal * magnitude(coef) * (2 if fmt.is_complex else 1)
     inner_overflow = None
     if coef == 0:
         # grad @ B^H is still computed, then multiplied by zero: its overflow makes NaN.

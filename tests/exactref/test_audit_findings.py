@@ -126,3 +126,62 @@ def test_attention_backward_whose_masked_logit_overflows():
     k_small = torch.tensor([[1.0], [2.0]])
     assert not er.scaled_dot_product_attention(q, k_small, v, is_causal=True, scale=0.125).covers(
         torch.full((1, 1), float("nan"))).any()
+
+
+def test_attention_backward_where_a_weight_underflows_against_a_huge_dp():
+    # bfloat16 runs in float32: the second weight, e^-170, underflows to 0 there, so dS = P (dP - D)
+    # loses P * 3.4e38 ~ 5e-36 exactly; the model budgets a weight's underflow times |dP - D|.
+    bf = torch.bfloat16
+    q = torch.tensor([[16.0, 0.0]], dtype=bf)
+    k = torch.tensor([[16.0, 0.0], [1.0, 1.0]], dtype=bf)
+    v = torch.tensor([[float.fromhex("0x1.fep+127")], [0.0]], dtype=bf)
+    grad = torch.ones(1, 1, dtype=bf)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*leaves).backward(grad)
+    assert leaves[0].grad[0, 1] == 0
+    for algorithm in (er.AttentionAlgorithm.MATH, er.AttentionAlgorithm.FLASH_ATTENTION):
+        g = er.scaled_dot_product_attention.backward(q, k, v, grad, algorithm=algorithm)
+        assert g["grad_query"].rounded[0, 1] != 0
+        for name, t in zip(("grad_query", "grad_key", "grad_value"), leaves, strict=True):
+            assert g[name].covers(t.grad).all(), (algorithm, name)
+
+
+def test_cpu_fused_attention_swallows_a_nan_logit_and_exactref_says_so():
+    # A PyTorch 2.13 bug, not exactref's: the CPU fused kernel takes the NaN logit of an attended
+    # key for a masked one and returns 0, where the math path (exactref's normal answer) gives NaN.
+    # `exactref audit` therefore runs attention on non-finite inputs through the math path.
+    q, k = torch.zeros(1, 1, 1, 1), torch.tensor([[[[float("nan")], [0.0]]]])
+    v = torch.zeros(1, 1, 2, 1)
+    fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert "Flash" in type(torch.nn.functional.scaled_dot_product_attention(
+        q.requires_grad_(), k, v, is_causal=True).grad_fn).__name__
+    assert fused.item() == 0
+    res = er.scaled_dot_product_attention(q.detach(), k, v, is_causal=True)
+    assert np.isnan(res.normal).all() and not res.covers(fused).any()
+    from exactref._torch_kernels import EXACTREF_KERNELS
+
+    audited = EXACTREF_KERNELS("cpu")["scaled_dot_product_attention"]["forward"](q.detach(), k, v, is_causal=True)
+    assert torch.isnan(audited).all() and res.covers(audited).all()
+
+
+def test_float64_matrix_exp_whose_entry_is_a_rounded_subnormal():
+    # Half a float64 subnormal spacing is 0 in float64 itself: the model's underflow term had vanished,
+    # leaving a tolerance of 0 on an entry that PyTorch rounds among the subnormals.
+    A = np.zeros((3, 3, 3))
+    A[2, 0, 2], A[2, 1, 0] = float.fromhex("0x1p-52"), float.fromhex("0x1.cdb2dc4acf572p-1018")
+    got = torch.linalg.matrix_exp(torch.from_numpy(A))
+    res = er.matrix_exp(A)
+    assert got[2, 1, 2].item() != res.rounded[2, 1, 2]
+    assert res.covers(got).all()
+    assert res.tolerance[2, 1, 2] < 1e-320
+
+
+def test_complex_scalars_whose_modulus_overflows():
+    # abs() of such a Python complex raises OverflowError; the ops must not.
+    x, y = np.array([1 + 1j]), complex(1.5e308, 1.5e308)
+    xt = torch.tensor(x, requires_grad=True)
+    out = torch.mul(xt, y)
+    out.backward(torch.tensor([1 + 0j]))
+    assert er.multiply(x, y).covers(out.detach()).all()
+    assert er.multiply.backward(x, y, np.array([1 + 0j]))["grad_x"].covers(xt.grad).all()
+    assert er.add(x, x, alpha=y).covers(torch.add(torch.tensor(x), torch.tensor(x), alpha=y)).all()
