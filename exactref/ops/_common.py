@@ -166,8 +166,12 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
         _share_complex_specials(solved)
     parts: list[Part] = []
     for sol, E, overflow, special, nan_also in solved:
+        nan_also, any_special = nan_also if isinstance(nan_also, tuple) else (nan_also, None)
         part = judge(sol.rounded, sol.x_lo, sol.x_hi, E, pfmt, special=special, overflow=overflow,
                      nan_also=nan_also)
+        if any_special is not None:
+            part.nan_ok = part.nan_ok | any_special
+            part.special_ok = part.special_ok | any_special
         for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
             setattr(part, name, np.asarray(getattr(part, name)).reshape(out_shape))
         parts.append(part)
@@ -197,6 +201,12 @@ def _share_complex_specials(solved: list) -> None:
         met_inf = ((sp0 != 0) if sp0 is not None else False) | ((sp1 != 0) if sp1 is not None else False)
     for k, (sol, E, _, sp, _) in enumerate(solved):
         solved[k] = (sol, E, overflow, sp, met_inf)
+    if met_inf is not None and overflow is not None:
+        # A finite product that overflows meeting an infinity gives inf or NaN by the order of
+        # the complex formula's operations (a BLAS may scale by alpha first): either may come.
+        any_special = np.asarray(met_inf & overflow)
+        for k, (sol, E, o, sp, nan_also) in enumerate(solved):
+            solved[k] = (sol, E, o, sp, (nan_also, any_special))
 
 
 def convert_operand(o: Operand, fmt: Format | ComplexFormat) -> Operand:

@@ -185,3 +185,23 @@ def test_complex_scalars_whose_modulus_overflows():
     assert er.multiply(x, y).covers(out.detach()).all()
     assert er.multiply.backward(x, y, np.array([1 + 0j]))["grad_x"].covers(xt.grad).all()
     assert er.add(x, x, alpha=y).covers(torch.add(torch.tensor(x), torch.tensor(x), alpha=y)).all()
+
+
+def test_complex_gemm_where_an_overflowing_product_meets_an_infinity():
+    # 1.8e308 * -1.3e90 overflows in the same sum as a product with an infinite part: the BLAS
+    # gives +inf where the textbook formula gives NaN; either is a correct evaluation.
+    h = float.fromhex
+    A = np.array([[complex(1.0, 0.0), complex(h("0x1.fffffffffffffp+1023"), -746.0)]])
+    B = np.array([[complex(1.0, 0.0)], [complex(-h("0x1.28418ee381cc3p+301"), INF)]])
+    C = np.zeros((1, 1), dtype=complex)
+    alpha = complex(-0.14, -1.84)
+    out = torch.addmm(torch.tensor(C), torch.tensor(A), torch.tensor(B), alpha=alpha, beta=0.0)
+    res = er.gemm(A, B, C, alpha=alpha, beta=0.0)
+    assert res.covers(out).all()
+    for got in (complex(INF, INF), complex(float("nan"), -INF), complex(-INF, float("nan"))):
+        assert res.covers(np.array([[got]])).all(), got
+    # Without the overflowing product only the special values the formula can give are accepted.
+    small = A.copy()
+    small[0, 1] = complex(3.0, -746.0)
+    res_small = er.gemm(small, B, C, alpha=alpha, beta=0.0)
+    assert not res_small.covers(np.array([[complex(1.0, 1.0)]])).any()
