@@ -38,6 +38,19 @@ EXP_REL = 2.0 ** -40
 TINY = 2.0 ** -1000
 
 
+def ratio_error(*rels: np.ndarray | float) -> np.ndarray:
+    """An upper bound on prod(1 + r) / prod(1 - r) - 1 for nonnegative relative errors r, sum < 1.
+
+    prod(1 + r) <= e**t and prod(1 - r) >= 1 - t for t = sum r, so the ratio
+    minus 1 is at most (expm1(t) + t) / (1 - t).  Written out as products of
+    (1 + r) in float64, every r below 2**-53 would vanish.
+    """
+    t = up(sum(np.asarray(r, dtype=np.float64) for r in rels))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bound = up((up(np.expm1(t)) + t) / (1 - t))
+    return np.where(t < 1, bound, np.inf)
+
+
 def g(n: int) -> float:
     """gamma_n for float64, rounded up."""
     return float(gamma(max(n, 0), U))
@@ -198,7 +211,7 @@ class FirstPass:
             W, W_err = _sum_rows(w)
             self.P = w / np.where(self.full, 1.0, W)[..., None]
             # |P~ - P| <= pi P + TINY for every unmasked weight of the row.
-            pi = up((1 + epsbar) * (1 + U) * (1 + W_err) / ((1 - epsbar) * (1 - U) * (1 - W_err)) - 1)
+            pi = ratio_error(epsbar, U, W_err)
             self.pi = np.where((epsbar < 0.5) & np.isfinite(pi), pi, np.inf)
             self.Z, self.ez = Z, ez
             self.logit_rowmax = np.max(np.where(unmasked, np.abs(Z) + ez, 0.0), axis=-1) if S else np.zeros((H, L))

@@ -22,7 +22,7 @@ import mpmath
 import numpy as np
 
 from ..engine.fast import up
-from ._attention_first import TINY, FirstPass, expm1_up, sliced
+from ._attention_first import TINY, FirstPass, expm1_up, ratio_error, sliced
 from ._attention_problem import Problem
 
 __all__ = ["SecondPass", "available"]
@@ -134,7 +134,7 @@ class _Rows:
         W_rel = np.where(W > 0, up(W_err / _f(W) * (1 + 2 ** -40)), 0.0)
         full = ~unm.any(axis=-1)
         self.P = w / np.where(full, LD(1), W)[:, None]
-        pi = up((1 + epsbar) * (1 + U2) * (1 + W_rel) / ((1 - epsbar) * (1 - U2) * (1 - W_rel)) - 1)
+        pi = ratio_error(epsbar, U2, W_rel)
         pi = np.where(epsbar < 0.5, pi, np.inf)
         P_up = _f(self.P) * (1 + 2 * U2) / (1 - pi[:, None]) + TINY
         self.e_P = np.where(unm, up(P_up * pi[:, None] + TINY), 0.0)

@@ -140,10 +140,6 @@ class _State:
         return self._fwd_E[model]
 
 
-#: Whether undecided elements go through the longdouble second pass before Arb.
-SECOND_PASS = False
-
-
 def _decide(passes: tuple[second.SecondPass, Refiner], which: str,
             enclosure: tuple[np.ndarray, np.ndarray, np.ndarray], fmt: Format, special: np.ndarray | None
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -166,9 +162,7 @@ def _decide(passes: tuple[second.SecondPass, Refiner], which: str,
         zero = passes[1].structural_zeros(which, pending)
         rounded[pending[zero]], x_lo[pending[zero]], x_hi[pending[zero]] = 0.0, 0.0, 0.0
         pending = pending[~zero]
-    # The longdouble second pass is off: its bound was found too small (a float64 output decided
-    # 1 ulp wrong; tests/exactref/test_attention_oracle.py) and is not yet understood.  Arb decides.
-    if pending.size and SECOND_PASS and second.available():
+    if pending.size and second.available():
         # The second pass recomputes the undecided elements in 64-bit extended precision.
         hi2, lo2, rad2 = passes[0].enclose(which, pending)
         with np.errstate(invalid="ignore", over="ignore"):
