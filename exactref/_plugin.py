@@ -278,9 +278,18 @@ class Session:
 
     # ------------------------------------------------------------ hooks
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(wrapper=True)
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
-                                      items: list[pytest.Item]) -> None:
+                                      items: list[pytest.Item]) -> Any:
+        # Added before the other plugins run, so that -k and -m select among them too.
+        self._add_items(session, config, items)
+        result = yield
+        # Other plugins may reorder (pytest 9.2's fixture grouping does): replays still go first.
+        front = [item for item in items if getattr(item, "_exactref_front", False)]
+        items[:] = front + [item for item in items if not getattr(item, "_exactref_front", False)]
+        return result
+
+    def _add_items(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
         parent = _Collector.from_parent(session, name="exactref", nodeid="exactref")
         front, suite_ready = self._load(parent)
         explicit = config.args_source == pytest.Config.ArgsSource.ARGS
@@ -293,6 +302,8 @@ class Session:
                 front.append(SuiteItem.from_parent(parent, name=cell.name, cell=cell, plugin=self))
         for item in items:
             self._capture(item)
+        for item in front:
+            item._exactref_front = True  # type: ignore[attr-defined]
         items[:] = front + items
 
     def _replays(self, parent: _Collector, items: list[pytest.Item], replay_suite: bool) -> list[pytest.Item]:
@@ -358,9 +369,11 @@ class Session:
 
         replay.__signature__ = inspect.signature(item.obj)  # type: ignore[attr-defined]
         digest = saved.name.rsplit("-", 1)[-1]
-        func = pytest.Function.from_parent(item.parent, name=f"{item.name}[exactref-regression-{digest}]",
-                                           callobj=replay, originalname=item.originalname,
-                                           callspec=getattr(item, "callspec", None))
+        # No originalname: pytest 9.2 builds the node id from it (and the callspec), which would give
+        # the replay the test's own id.
+        func = pytest.Function.from_parent(item.parent, name=f"{item.originalname}[exactref-regression-{digest}]",
+                                           callobj=replay, callspec=getattr(item, "callspec", None),
+                                           fixtureinfo=getattr(item, "_fixtureinfo", None))
         func._exactref_replay = saved.path  # type: ignore[attr-defined]
         return func
 

@@ -196,6 +196,39 @@ def test_a_failing_repository_test_is_saved_and_replayed(repo: Repo):
     assert third.returncode == 0 and "Fixed:" in output(third), output(third)
 
 
+PARAMETRIZED_TEST = """
+import pytest
+from hypothesis import given, settings
+from mykernels import ops
+
+import exactref as er
+import strategies as sx
+
+
+@pytest.mark.parametrize("label", ["one"])
+@settings(max_examples=300, deadline=None)
+@given(case=sx.matmul_inputs(dtypes=["float32"], max_side=2, allow_1d=False, max_batch_dims=1))
+def test_parametrized(label, case):
+    t = case.to_torch()
+    got = ops.matmul_backward(t.A, t.B, t.grad)
+    er.matmul.backward(case.A, case.B, case.grad, model=er.models.PYTORCH_AUTOGRAD).check(**got)
+"""
+
+
+def test_a_parametrized_test_replays_its_case_with_its_parameters(repo: Repo):
+    (repo.root / "tests" / "test_parametrized.py").write_text(PARAMETRIZED_TEST)
+    repo.plant("unsummed_broadcast")
+    first = repo.run("tests/test_parametrized.py")
+    assert first.returncode == 1, output(first)
+    second = repo.run("-v", "-v", "-x", "tests/test_parametrized.py")  # -q comes first
+    text = output(second)
+    assert "fixture 'label' not found" not in text, text
+    ran = [line for line in text.splitlines() if line.startswith("tests/test_parametrized.py::")]
+    assert ran and "[exactref-regression-" in ran[0], ran
+    assert " FAILED" in ran[0], ran
+    assert "replaying the regression case tests/exactref_regressions/test_parametrized" in text
+
+
 def test_xdist_writes_no_corrupt_or_duplicate_case_files(repo: Repo):
     # A failing suite item and a failing repository test, run by two workers.
     repo.plant("unsummed_broadcast", "add_raises")
