@@ -26,10 +26,13 @@ def _sum_to(g: torch.Tensor, shape: torch.Size, bug: bool = False) -> torch.Tens
 
 
 def matmul_backward(A: torch.Tensor, B: torch.Tensor, grad: torch.Tensor) -> dict[str, torch.Tensor]:
-    B_h = B.mT if "missing_conj" in BUGS else B.mH  # bug: the conjugate is missing
-    grad_A = _sum_to(grad @ B_h, A.shape)
-    grad_B = _sum_to(A.mH @ grad, B.shape, bug="unsummed_broadcast" in BUGS)
-    return {"grad_A": grad_A, "grad_B": grad_B}
+    # Computed in double precision and rounded once, so that only the planted bugs can show.
+    wide = torch.complex128 if A.is_complex() else torch.float64
+    Aw, Bw, gw = (t.to(wide) for t in (A, B, grad))
+    B_h = Bw.mT if "missing_conj" in BUGS else Bw.mH  # bug: the conjugate is missing
+    grad_A = _sum_to(gw @ B_h, A.shape)
+    grad_B = _sum_to(Aw.mH @ gw, B.shape, bug="unsummed_broadcast" in BUGS)
+    return {"grad_A": grad_A.to(A.dtype), "grad_B": grad_B.to(B.dtype)}
 
 
 def add(x: torch.Tensor, y, *, alpha: float = 1) -> torch.Tensor:
