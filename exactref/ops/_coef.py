@@ -54,13 +54,21 @@ def scaled(coef: float | complex, parts: list[Callable[[float], Term]], p: int, 
 
 
 def scalar_relative_error(c: float | complex, fmt: Format) -> float:
-    """|c - c rounded to fmt| / |c|: the relative error of using c in ``fmt`` arithmetic."""
-    if c == 0:
-        return 0.0
-    err = scalar_error(c, fmt)
-    if err == 0 or math.isinf(err):
-        return err
-    return err / magnitude(c)
+    """The relative error of using c in ``fmt`` arithmetic: |c - c rounded to fmt| / |c|.
+
+    For a complex c it is the largest of its parts' own relative errors: each
+    part multiplies terms of its own, so dividing by |c| instead would
+    understate the error of a part that is small next to the other.
+    """
+    worst = 0.0
+    for part in (c.real, c.imag) if isinstance(c, complex) else (c,):
+        if part == 0:
+            continue
+        err = scalar_error(part, fmt)
+        if math.isinf(err):
+            return math.inf
+        worst = max(worst, err / abs(part))
+    return worst
 
 
 def magnitude(c: float | complex) -> float:

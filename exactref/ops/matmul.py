@@ -207,7 +207,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     use_ab = c is None or alpha_held != 0 or not blas_skip
     alpha_vanishes = not use_ab and alpha != 0
     # The BLAS reads beta in the inputs' format: one that rounds to zero skips C as well.
-    beta_vanishes = c is not None and beta != 0 and scalar_relative_error(beta, fin) == 1.0
+    beta_vanishes = c is not None and beta != 0 and held(beta, fin) == 0
     use_c = c is not None and beta != 0 and not beta_vanishes
     arrays = []
     if c is not None:

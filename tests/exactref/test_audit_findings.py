@@ -205,3 +205,20 @@ def test_complex_gemm_where_an_overflowing_product_meets_an_infinity():
     small[0, 1] = complex(3.0, -746.0)
     res_small = er.gemm(small, B, C, alpha=alpha, beta=0.0)
     assert not res_small.covers(np.array([[complex(1.0, 1.0)]])).any()
+
+
+def test_complex_beta_whose_small_part_rounds_in_float32():
+    # beta's imaginary part is 78% of |beta|; its own rounding to float32, times C's imaginary part,
+    # is the error that counts, more than the error relative to |beta| suggests.
+    h = float.fromhex
+    A = B = np.zeros((1, 1), np.complex64)
+    C = np.array(complex(0, h("0x1.1a399ap+55")), np.complex64)
+    beta = complex(2.0, h("0x1.4360fe8977484p+1"))
+    out = torch.addmm(torch.tensor(C), torch.tensor(A), torch.tensor(B), alpha=0.0, beta=beta)
+    assert er.gemm(A, B, C, alpha=0.0, beta=beta).covers(out).all()
+    # A beta with one part below float32's range still uses C (only a beta that is 0 entirely skips it).
+    tiny_part = complex(1.0, 1e-60)
+    res = er.gemm(A, B, C, alpha=0.0, beta=tiny_part)
+    assert res.covers(torch.addmm(torch.tensor(C), torch.tensor(A), torch.tensor(B), alpha=0.0,
+                                  beta=tiny_part)).all()
+    assert res.rounded[0, 0] != 0
