@@ -234,7 +234,8 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
         return parts
 
     exact_terms, special_terms = _both(terms, *arrays)
-    n = a2s[-1] * (2 if fmt.is_complex else 1) if use_ab else 1
+    # Without A @ B a part is beta * C alone: two products summed for a complex beta.
+    n = a2s[-1] * (2 if fmt.is_complex else 1) if use_ab else (2 if _alpha_depth(beta) == 2 else 1)
     extra = (_alpha_depth(alpha) if use_ab and c is not None else 0) + (1 if use_c and use_ab else 0)
     acc = accumulation_format(model, fin)
     # Coefficients may be converted to the tensors' own dtype first.

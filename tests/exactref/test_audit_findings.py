@@ -222,3 +222,16 @@ def test_complex_beta_whose_small_part_rounds_in_float32():
     assert res.covers(torch.addmm(torch.tensor(C), torch.tensor(A), torch.tensor(B), alpha=0.0,
                                   beta=tiny_part)).all()
     assert res.rounded[0, 0] != 0
+
+
+def test_complex_beta_times_c_alone_is_two_products_and_a_sum():
+    # alpha = 0 leaves beta * C, whose imaginary part br ci + bi cr rounds twice in complex128.
+    h = float.fromhex
+    A = B = np.zeros((1, 1), np.complex128)
+    C = np.array(complex(1.0, -h("0x1.065b5245acfb6p+55")))
+    beta = complex(2.5, 1.0)
+    out = torch.addmm(torch.tensor(C), torch.tensor(A), torch.tensor(B), alpha=0.0, beta=beta)
+    res = er.gemm(A, B, C, alpha=0.0, beta=beta)
+    assert out.imag.item() != res.rounded.imag[0, 0]
+    assert res.covers(out).all()
+    assert not res.covers(np.array([[complex(out.real.item(), out.imag.item() - 64)]])).any()
