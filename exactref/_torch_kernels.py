@@ -10,6 +10,7 @@ is rounded); for attention, the class of the kernel that dispatch picks.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -43,14 +44,13 @@ def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
     # (L, S) all the same) is given them first; the values it holds do not change.
     if attn_mask is not None and attn_mask.ndim < 2:
         attn_mask = attn_mask.reshape((1,) * (2 - attn_mask.ndim) + tuple(attn_mask.shape))
-    if query.device.type == "cpu" and not all(bool(torch.isfinite(t).all()) for t in (query, key, value)):
-        # The CPU fused kernel departs from the math path on NaN and inf inputs (a NaN logit
-        # passes for a masked one, so its row comes out 0), and exactref's normal answer is the
-        # math path's: special values are audited there.  The departures themselves are shown
-        # in tests/exactref/test_audit_findings.py and docs/audit.md.
-        with sdpa_kernel(SDPBackend.MATH):
-            return F.scaled_dot_product_attention(query, key, value, attn_mask, **kwargs)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask, **kwargs)
+    # The CPU fused kernel departs from the math path on NaN and inf inputs (a NaN logit passes
+    # for a masked one, so its row comes out 0), and exactref's normal answer is the math path's:
+    # special values are audited there.  The departures themselves are shown in
+    # tests/exactref/test_audit_findings.py and docs/audit.md.
+    special = query.device.type == "cpu" and not all(bool(torch.isfinite(t).all()) for t in (query, key, value))
+    with sdpa_kernel(SDPBackend.MATH) if special else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(query, key, value, attn_mask, **kwargs)
 
 
 def _frechet(A: torch.Tensor, E: torch.Tensor) -> torch.Tensor:

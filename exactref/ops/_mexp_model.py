@@ -315,7 +315,7 @@ class _BoundOps(_Ops):
             S = sum(abs(c) * X.H for c, X in zip(coefs, Xs) if c) * self.fudge
             M = sum(abs(c) * X.M for c, X in zip(coefs, Xs) if c) * self.fudge
             # abs(c) * X.H can underflow to 0 in the bound while c * x still rounds in the kernel.
-            reach = np.logical_or.reduce([X.H > 0 for c, X in zip(coefs, Xs) if c] or [np.zeros(S.shape, bool)])
+            reach = np.logical_or.reduce([X.H > 0 for c, X in zip(coefs, Xs) if c] or [np.zeros_like(S, dtype=bool)])
             D = sum(abs(c) * X.D for c, X in zip(coefs, Xs) if c) + g * S \
                 + np.where(reach, (m + 1) * self.eta * self.cplx, 0.0)
             # A zero coefficient still multiplies: 0 * inf is NaN.

@@ -25,7 +25,7 @@ FORMATS = {
 COMPLEX_PART = {"complex64": "float32", "complex128": "float64"}
 
 
-def _floor_log2(a: Fraction) -> int:
+def floor_log2(a: Fraction) -> int:
     e = a.numerator.bit_length() - a.denominator.bit_length()
     # Adjust the estimate by comparisons, which are exact.
     while Fraction(2) ** e > a:
@@ -42,7 +42,7 @@ def round_fraction(q: Fraction, fmt: str, negative_zero: bool = False) -> float:
         return -0.0 if negative_zero else 0.0
     sign = -1 if q < 0 else 1
     a = abs(q)
-    e = max(_floor_log2(a), emin)
+    e = max(floor_log2(a), emin)
     quantum = Fraction(2) ** (e - p + 1)
     scaled = a / quantum
     n = scaled.numerator // scaled.denominator

@@ -16,20 +16,7 @@ import numpy as np
 
 from exactref.formats import part_of
 
-
-def frac(v: Any) -> Fraction:
-    return Fraction(float(v))
-
-
-def floor_log2(v: Fraction) -> int:
-    """floor(log2(v)) for v > 0, exactly."""
-    e = v.numerator.bit_length() - v.denominator.bit_length()
-    # 2**e <= v < 2**(e+2) from the bit lengths; fix up by at most one.
-    if Fraction(2) ** e > v:
-        e -= 1
-    elif Fraction(2) ** (e + 1) <= v:
-        e += 1
-    return e
+from ..exactref.oracle import floor_log2
 
 
 def ulp(fmt: Any, v: Fraction) -> Fraction:
