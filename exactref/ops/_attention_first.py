@@ -178,6 +178,7 @@ class FirstPass:
 
     def __init__(self, pb: Problem) -> None:
         self.pb = pb
+        self.weights_cache: dict = {}  # the tolerance models' bounds on the weights, by model
         H, L, S = pb.H, pb.L, pb.S
         self.Qh, self.Kh, self.Vh = pb.Q[pb.qi], pb.K[pb.ki], pb.V[pb.vi]
         unmasked = ~pb.masked
@@ -186,6 +187,7 @@ class FirstPass:
         with np.errstate(over="ignore", invalid="ignore"):
             Kt = np.swapaxes(self.Kh, -1, -2)
             d_hi, d_lo, d_rad = sliced(self.Qh, Kt)
+            self.logit_parts = (d_hi, d_lo, d_rad)  # the second pass starts from them
             # A bounds sum_c |q_ic k_jc|, the size every logit error of a kernel scales with.
             self.A = matmul_up(np.abs(self.Qh), np.abs(Kt))
             d = d_hi + d_lo
@@ -237,6 +239,7 @@ class FirstPass:
         with np.errstate(over="ignore", invalid="ignore"):
             Vt = np.swapaxes(self.Vh, -1, -2)
             dP_hi, dP_lo, dP_rad = sliced(G, Vt)
+            self.dP_parts = (dP_hi, dP_lo, dP_rad)
             self.absG = np.abs(G)
             self.B = matmul_up(self.absG, np.swapaxes(self.absV, -1, -2))
             D, D_err = dot_rows(G, self.O_hi, self.O_lo) if Ev else (np.zeros(G.shape[:-1]),) * 2
@@ -254,6 +257,7 @@ class FirstPass:
         self.D, self.e_D, self.T, self.e_T = D, e_D, T, e_T
         self.dS, self.e_dS = dS, e_dS
         self.G = G
+        self.bwd_cache: dict = {}  # the tolerance model's bounds for this G, shared by the three gradients
 
     def grad(self, which: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(hi, lo, radius) of one gradient in its operand's own batch, summed over the copies."""

@@ -148,11 +148,19 @@ class _Weights:
         self.row_overflow = row | qbig | kbig[:, None]
 
 
+def _weights(fp: FirstPass, model: AttentionTolerance, fmt: Format) -> _Weights:
+    """The model's bounds on the weights, computed once per forward: no output gradient enters them."""
+    wts = fp.weights_cache.get(model)
+    if wts is None:
+        wts = fp.weights_cache[model] = _Weights(fp, model, fmt)
+    return wts
+
+
 def forward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format
                       ) -> tuple[np.ndarray, np.ndarray, _Weights]:
     """E (H, L, Ev) for the output, where partial results may overflow, and the weights' bounds."""
     pb = fp.pb
-    wts = _Weights(fp, model, fmt)
+    wts = _weights(fp, model, fmt)
     u, eta = wts.u, wts.eta
     S = pb.S
     half = fmt.p < wts.acc.p
@@ -171,27 +179,21 @@ def forward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format
     return E, overflow, wts
 
 
-def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray,
-                       which: str) -> tuple[np.ndarray, np.ndarray]:
-    """E and the overflow marks of one gradient (in its operand's own batch), under ``model``.
-
-    ``E_fwd`` is the forward tolerance of the kernel whose stored output a
-    fused backward reads to form D = rowsum(dO * O).
-    """
+def _backward_shared(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray
+                     ) -> tuple[_Weights, np.ndarray, np.ndarray, np.ndarray]:
+    """The weights' bounds, the bound e_S on the kernel's dS error, |dS| + e_dS and the heads that may
+    overflow: what the three gradients share, computed once per output gradient and model."""
+    hit = fp.bwd_cache.get(model)
+    if hit is not None and hit[0] is E_fwd:
+        return hit[1]
     pb = fp.pb
-    wts = getattr(fp, "_bwd_weights", {}).get(model)
-    if wts is None:
-        wts = _Weights(fp, model, fmt)
-        fp.__dict__.setdefault("_bwd_weights", {})[model] = wts
+    wts = _weights(fp, model, fmt)
     u, eta = wts.u, wts.eta
     half = fmt.p < wts.acc.p
     u_o, eta_o = fmt.unit_roundoff, fmt.min_subnormal
-    L, S, Ev = pb.L, pb.S, pb.Ev
+    S, Ev = pb.S, pb.Ev
     rho = wts.rho
-    s = pb.scale.magnitude
     big = wts.acc.max_finite / 2
-    cop = pb.copies(which)
-    n_own, c = cop.shape
     with np.errstate(over="ignore", invalid="ignore"):
         e_dPm = _g(Ev + 1, u) * fp.B + 2 * Ev * eta
         dP_up = np.abs(fp.dP) + fp.e_dP
@@ -214,7 +216,30 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             e_S = e_S + u_o * (dS_up + e_S) + eta_o
         e_S = up(np.where(fp.unmasked, e_S, 0.0))
         head_big = wts.row_overflow.any(axis=-1) | np.any(fp.B >= big, axis=(-1, -2))
+    shared = (wts, e_S, dS_up, head_big)
+    fp.bwd_cache[model] = (E_fwd, shared)
+    return shared
 
+
+def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray,
+                       which: str) -> tuple[np.ndarray, np.ndarray]:
+    """E and the overflow marks of one gradient (in its operand's own batch), under ``model``.
+
+    ``E_fwd`` is the forward tolerance of the kernel whose stored output a
+    fused backward reads to form D = rowsum(dO * O).
+    """
+    pb = fp.pb
+    wts, e_S, dS_up, head_big = _backward_shared(fp, model, fmt, E_fwd)
+    u, eta = wts.u, wts.eta
+    half = fmt.p < wts.acc.p
+    u_o, eta_o = fmt.unit_roundoff, fmt.min_subnormal
+    L, S, Ev = pb.L, pb.S, pb.Ev
+    rho = wts.rho
+    s = pb.scale.magnitude
+    big = wts.acc.max_finite / 2
+    cop = pb.copies(which)
+    n_own, c = cop.shape
+    with np.errstate(over="ignore", invalid="ignore"):
         if which == "value":
             u_p = u_o if (model.weights_in_input_format and half) else 0.0
             eta_p = eta_o if (model.weights_in_input_format and half) else 0.0

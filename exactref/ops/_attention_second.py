@@ -4,9 +4,13 @@ The first pass leaves a few elements undecided, and an element of grad_key or
 grad_value needs every row of its heads: in Arb that is S exps and products
 per row, in Python.  This pass recomputes just what those elements need,
 vectorised in numpy's ``longdouble`` when that is the x87 80-bit format (u =
-2**-64), with compensated sums and the same kind of proven bounds as the
-first pass.  It is 2**11 times tighter, so it decides essentially every
-element that is not exactly a boundary; those go on to Arb and the exact
+2**-64), with the same kind of proven bounds as the first pass.  Only the
+values are longdouble; the bounds are float64, from float64 bounds on the
+values' magnitudes, which keeps the slow longdouble operations few.  Its
+enclosures are about 100 to 400 times tighter than the first pass's (its
+plain sums' bounds grow with their length), so for a float32 or narrower
+output it decides essentially every element that is not exactly a boundary;
+a float64 output mostly needs Arb.  The rest go on to Arb and the exact
 analysis.  Where ``longdouble`` has no more precision than float64 (some
 platforms), the pass is skipped.
 
@@ -22,7 +26,7 @@ import mpmath
 import numpy as np
 
 from ..engine.fast import up
-from ._attention_first import TINY, FirstPass, expm1_up, ratio_error, sliced
+from ._attention_first import TINY, FirstPass, expm1_up, ratio_error
 from ._attention_problem import Problem
 
 __all__ = ["SecondPass", "available"]
@@ -38,19 +42,32 @@ def _ld(x: mpmath.mpf) -> np.longdouble:
     return LD(mpmath.nstr(x, 40, strip_zeros=False))
 
 
-# exp(y) = 2**m * T[j] * exp(r) with y = (32 m + j) ln2/32 + r, |r| <= ln2/64: a degree-8
-# polynomial then errs by at most |r|**9/9! e**|r| < 2**-76.  ln2/32 = _C_HI + _C_LO + t with
-# _C_HI a multiple of 2**-36 (k * _C_HI exact for |k| < 2**22) and |t| < 2**-99.
+# exp(y) = 2**m * T[j] * (1 + r + q(r)) with y = (N m + j) ln2/N + r, |r| <= R_MAX, and
+# q(r) = exp(r) - 1 - r.  Only 1 + r needs longdouble's precision: q(r) < R_MAX**2 < 2**-19, so
+# float64 gives it to about 2**-70 absolutely.  ln2/N = _C_HI + _C_LO + t with _C_HI a multiple of
+# 2**-40 below 2**-8 (so k * _C_HI is exact for |k| < 2**30) and |t| < 2**-103.
+_N = 256
 with mpmath.workprec(256):
-    _C = mpmath.log(2) / 32
-    _C_HI = LD(float(mpmath.floor(_C * 2 ** 36))) / LD(2 ** 36)
+    _C = mpmath.log(2) / _N
+    _C_HI = LD(float(mpmath.floor(_C * 2 ** 40))) / LD(2 ** 40)
     _C_LO = _ld(_C - mpmath.mpf(float(_C_HI)))
-    _TABLE = np.array([_ld(mpmath.mpf(2) ** (mpmath.mpf(j) / 32)) for j in range(32)], dtype=LD)
-_C_TAIL = 2.0 ** -99
-_DEGREE = 8 if _P <= 64 else 16
-_INV_FACT = [LD(1) / LD(math.factorial(n)) for n in range(_DEGREE + 1)]
-_R_MAX = 0.01084
-_TRUNC = _R_MAX ** (_DEGREE + 1) / math.factorial(_DEGREE + 1) * math.exp(_R_MAX)
+    _TABLE = np.array([_ld(mpmath.mpf(2) ** (mpmath.mpf(j) / _N)) for j in range(_N)], dtype=LD)
+_C_TAIL = 2.0 ** -103
+_Y_MIN = -11000.0  # exp(-11000) > 2**-15870 is normal in the x87 format and in binary128
+_K_MAX = -_Y_MIN * _N / math.log(2) + 1
+# k = rint(y N / ln2) in float64 errs from the exact nearest integer by at most 2**-50 |y N / ln2|.
+_R_MAX = math.log(2) / (2 * _N) * (1 + 2.0 ** -40) + -_Y_MIN * 2.0 ** -48
+_Q_COEF = [1.0 / math.factorial(n) for n in range(2, 7)]
+# |q~ - q(r)|: the degree-6 truncation, r's rounding to float64 (q' = e**r - 1), and the float64
+# evaluation: 10 roundings plus 5 coefficients 1/n!, each at most 2**-53 relative, on terms whose
+# magnitudes sum to below 0.51 R_MAX**2 (counted as 32 to spare); plus underflow.
+_E_Q = (_R_MAX ** 7 / math.factorial(7) * math.exp(_R_MAX) + 2 * _R_MAX * 2.0 ** -53 * _R_MAX
+        + 32 * 2.0 ** -53 * 0.51 * _R_MAX ** 2) * 1.01 + 2.0 ** -1000
+# |r~ - r| <= U2 (|r1| + |t| + |r|) + |k| C_TAIL, with |t| <= |k| |C_LO| and |r1| <= |r| + |t| + U2 |r1|.
+_ERR_R = (U2 * (2 * _R_MAX + 2 * _K_MAX * abs(float(_C_LO))) * (1 + 4 * U2) + _K_MAX * _C_TAIL) * 1.01
+# The table entry (2 U2), T s (U2) and T + T s (U2) each round once in longdouble, s = r + q (U2 |s|);
+# everything else enters through |s~ - s| over 1 - |s|.
+_EXP_REL = up(4 * U2 + (_ERR_R + _E_Q + U2 * 0.0014) * 1.002 + 2.0 ** -100)
 
 
 def available() -> bool:
@@ -80,63 +97,83 @@ def _dot(X: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return total, up(_gamma(n + 1) * absum)
 
 
-def _exp(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """exp(y) for longdouble y <= 0 and a bound (float64) on its relative error.
+def _exp(y: np.ndarray, yf: np.ndarray) -> tuple[np.ndarray, float]:
+    """exp(y) for longdouble y <= 0 (a few units of float64 above 0 allowed), and a bound on its relative error.
 
-    Table-driven (see the constants above), with Higham's running error bound
-    for the polynomial; the table entries and the final product each add at
-    most an ulp.
+    ``yf`` is y rounded to float64.  Table-driven with N = 256 entries; see
+    the constants above.  Below -11000 (-inf included) the value is
+    exp(-11000), far below the callers' ``TINY``.  Above 1 (a masked logit
+    above the row's maximum) and at NaN (where the callers' bounds are
+    infinite) the value is meaningless but harmless.
     """
-    y = np.maximum(y, LD(-11000))
-    k = np.rint(y / (_C_HI + _C_LO))
-    r1 = y - k * _C_HI
-    t = k * _C_LO
-    r = r1 - t
-    ar = np.abs(r)
-    err_r = _f(U2 * (np.abs(r1) + np.abs(t) + ar) * (1 + 2 * U2)) + _f(np.abs(k)) * _C_TAIL
-    p = np.full_like(r, _INV_FACT[_DEGREE])
-    mu = np.abs(p) / 2
-    for c in reversed(_INV_FACT[:_DEGREE]):
-        p = p * r + c
-        mu = ar * mu + np.abs(p)
+    inside = (yf >= _Y_MIN) & (yf <= 1.0)
+    if not inside.all():
+        yf = np.clip(np.nan_to_num(yf, nan=_Y_MIN), _Y_MIN, 1.0)
+        y = np.where(inside, y, LD(yf))
+    k = np.rint(yf * (_N / math.log(2)))
+    kl = LD(k)
+    r = (y - kl * _C_HI) - kl * _C_LO
+    rf = np.asarray(r, dtype=np.float64)
+    q = _Q_COEF[-1]
+    for c in reversed(_Q_COEF[:-1]):
+        q = q * rf + c
+    s = r + LD(q * rf * rf)
     ki = k.astype(np.int64)
-    j = ki % 32
-    value = np.ldexp(_TABLE[j] * p, (ki - j) // 32)
-    # |r| <= ln2/64, so e**|r| < 1.011 and p > 0.98.
-    absolute = _f(U2 * (2 * mu - np.abs(p))) * 1.01 + U2 * 1.011 + _TRUNC + 1.011 * err_r * 1.01
-    rel = up(absolute / 0.98 + 4 * U2)
-    return value, rel
+    j = ki % _N
+    t = _TABLE[j]
+    return np.ldexp(t + t * s, (ki - j) // _N), _EXP_REL
+
+
+def _abs_up(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray | float = 0.0) -> np.ndarray:
+    """A float64 bound on |hi + lo| + rad and on the magnitude of its longdouble sum."""
+    return up((np.abs(hi) + np.abs(lo) + rad) * (1 + 2.0 ** -50))
+
+
+def _sum_up(x: np.ndarray) -> np.ndarray:
+    """An upper bound on the exact sum of nonnegative float64 x over the last axis."""
+    return up(np.sum(x, axis=-1) * (1 + _G64 * x.shape[-1]))
+
+
+_G64 = 2.0 ** -52  # above gamma_1 for float64: a float64 sum of n terms errs by at most n of these
 
 
 class _Rows:
-    """Weights and dS of some rows of one head, in longdouble with bounds."""
+    """Weights and dS of some rows of one head, in longdouble with bounds.
+
+    Only the values are longdouble; the bounds are float64, from float64
+    bounds on the values' magnitudes, so that the costly longdouble
+    operations are few.
+    """
 
     def __init__(self, sp: SecondPass, h: int, rows: np.ndarray) -> None:
         fp, pb = sp.fp, sp.pb
         self.rows = rows
         unm = fp.unmasked[h, rows]
         d_hi, d_lo, d_rad = (a[rows] for a in sp.logit_parts(h))
-        s, es = sp.s, sp.e_s
-        d = LD(d_hi) + LD(d_lo)
-        sd = s * d
-        x = sd if pb.additive is None else sd + LD(pb.additive[h, rows])
-        absd = _f(np.abs(d))
-        ex = (es * absd + _f(np.abs(s)) * (d_rad + U2 * absd) + U2 * _f(np.abs(sd))
-              + (0.0 if pb.additive is None else U2 * _f(np.abs(x))))
-        M = LD(fp.M[h, rows])[:, None]
-        yv = np.where(unm, x - M, LD(-np.inf))
-        ey = up((ex + U2 * _f(np.abs(np.where(unm, yv, 0)))) * (1 + 4 * U2))
-        w, rel = _exp(np.where(unm, yv, LD(-1)))
-        w = np.where(unm, w, LD(0))
+        s, es, abs_s = sp.s, sp.e_s, sp.abs_s
+        x = s * (LD(d_hi) + LD(d_lo))  # d~ = hi + lo errs by U2 |d~| and d_rad; s d~ by U2 |s d~|
+        ad = _abs_up(d_hi, d_lo, d_rad)  # >= |d| and |d~|
+        ex = es * ad + abs_s * (d_rad + U2 * ad) + U2 * abs_s * ad * (1 + 2.0 ** -50)
+        if pb.additive is not None:
+            add = pb.additive[h, rows]
+            x = x + LD(add)
+            ex = ex + U2 * up(abs_s * ad * (1 + 2.0 ** -50) + np.abs(add))
+        yv = x - LD(fp.M[h, rows])[:, None]
+        yf = np.asarray(yv, dtype=np.float64)
+        ey = up((ex + U2 * np.where(unm, up(np.abs(yf)), 0.0)) * (1 + 4 * U2))
+        w, rel = _exp(yv, yf)
+        if not unm.all():
+            w = np.where(unm, w, LD(0))
         eps = np.where(unm, up(expm1_up(ey) * (1 + rel) + rel), 0.0)
         epsbar = np.max(eps, axis=-1, initial=0.0)
-        W, W_err = _dot(w, np.ones(w.shape))
-        W_rel = np.where(W > 0, up(W_err / _f(W) * (1 + 2 ** -40)), 0.0)
+        # A longdouble sum of n nonnegative terms errs by at most gamma_{n-1} of the sum.
+        W = w.sum(axis=-1)
         full = ~unm.any(axis=-1)
         self.P = w / np.where(full, LD(1), W)[:, None]
-        pi = ratio_error(epsbar, U2, W_rel)
+        pi = ratio_error(epsbar, U2, _gamma(w.shape[-1]))
         pi = np.where(epsbar < 0.5, pi, np.inf)
-        P_up = _f(self.P) * (1 + 2 * U2) / (1 - pi[:, None]) + TINY
+        self.P_f = _f(self.P)  # >= P~
+        P_up = self.P_f * (1 + 2 * U2) / (1 - pi[:, None]) + TINY
         self.e_P = np.where(unm, up(P_up * pi[:, None] + TINY), 0.0)
         self.unm = unm
         self.h = h
@@ -147,14 +184,20 @@ class _Rows:
         h, rows = self.h, self.rows
         dP_hi, dP_lo, dP_rad = (a[rows] for a in sp.dP_parts(h))
         dP = LD(dP_hi) + LD(dP_lo)
-        e_dP = dP_rad + U2 * _f(np.abs(dP))
-        # D = sum_j P_ij dP_ij: the weights' own error counts with |dP|.
-        D, D_err = _dot(self.P, dP)
-        e_D = up(D_err + np.sum(self.e_P * (_f(np.abs(dP)) + e_dP) + _f(self.P) * e_dP, axis=-1))
+        adP = _abs_up(dP_hi, dP_lo)  # >= |dP~|
+        e_dP = dP_rad + U2 * adP
+        # D = sum_j P_ij dP_ij: a longdouble sum of n products errs by gamma_{n+1} sum |P~ dP~|,
+        # and the weights' own error counts with |dP|.
+        D = (self.P * dP).sum(axis=-1)
+        D_err = _gamma(dP.shape[-1] + 1) * _sum_up(self.P_f * adP)
+        e_D = up(D_err + _sum_up(self.e_P * (adP + e_dP) + self.P_f * e_dP))
         T = dP - D[:, None]
-        e_T = up(e_dP + e_D[:, None] + U2 * _f(np.abs(T)))
-        dS = np.where(self.unm, self.P * T, LD(0))
-        e_dS = up(self.e_P * (_f(np.abs(T)) + e_T) + _f(self.P) * e_T * (1 + 2 * U2) + U2 * _f(np.abs(dS)))
+        aT = _f(np.abs(T))
+        e_T = up(e_dP + e_D[:, None] + U2 * aT)
+        dS = self.P * T
+        if not self.unm.all():
+            dS = np.where(self.unm, dS, LD(0))
+        e_dS = up(self.e_P * (aT + e_T) + self.P_f * e_T * (1 + 2 * U2) + U2 * self.P_f * aT * (1 + 4 * U2))
         self._dS = (dS, np.where(self.unm, e_dS, 0.0))
         return self._dS
 
@@ -171,19 +214,14 @@ class SecondPass:
         else:
             self.s = LD(1) / np.sqrt(LD(sc.root_of))
             self.e_s = 3 * U2 * abs(float(self.s)) * (1 + 2 ** -40)
-        self._logits: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._dP: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.abs_s = float(_f(abs(self.s)))
         self._rows: dict[tuple[int, str], _Rows] = {}
 
-    def logit_parts(self, h: int):
-        if h not in self._logits:
-            self._logits[h] = sliced(self.fp.Qh[h], self.fp.Kh[h].T)
-        return self._logits[h]
+    def logit_parts(self, h: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(a[h] for a in self.fp.logit_parts)
 
-    def dP_parts(self, h: int):
-        if h not in self._dP:
-            self._dP[h] = sliced(self.G[h], self.fp.Vh[h].T)
-        return self._dP[h]
+    def dP_parts(self, h: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(a[h] for a in self.fp.dP_parts)
 
     def _all_rows(self, h: int) -> _Rows:
         key = (h, "all")

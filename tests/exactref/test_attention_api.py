@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import exactref as er
+from exactref.ops import _attention_second as second
 from exactref.ops._attention_first import exp_bounded
 from exactref.ops.attention import AttentionTolerance
 
@@ -293,6 +294,36 @@ def test_exp_bounded_holds_its_bound_against_arb():
             exact = flint.arb(float(yi)).exp()
             err = abs(flint.arb(float(wi)) - exact)
             assert err <= exact * flint.arb(float(ri)) + flint.arb(2.0 ** -1074), (yi, wi)
+
+
+@pytest.mark.skipif(not second.available(), reason="longdouble is float64 here: no second pass")
+def test_the_second_pass_exp_holds_its_bound_against_arb():
+    rng = np.random.default_rng(1)
+    step = math.log(2) / 256
+    edges = np.array([0.0, -1e-300, -2.0 ** -60, -step / 2, -step / 2 * (1 - 1e-12), -step * 1.5, -math.log(2),
+                      -745.5, -10999.9, -11000.0, -20000.0])
+    # Slightly above 0 too: the logits minus the first pass's float64 row maximum may be.
+    above = np.array([1e-300, 2.0 ** -60, 2.0 ** -53, 3e-16])
+    y = np.concatenate([-rng.exponential(20, 3000), -rng.random(500) * 1e-2, edges, above,
+                        -np.arange(1, 300) * step * (1 + rng.random(299) * 1e-12)]).astype(second.LD)
+    # A longdouble argument with bits below float64's, as the logits minus their row maximum are.
+    y[:1000] += second.LD(rng.random(1000)) * second.LD(2.0 ** -60)
+    w, rel = second._exp(y, np.asarray(y, dtype=np.float64))
+    assert rel < 2.0 ** -60
+    with er.engine.certified.precision(256):
+        for yi, wi in zip(y, w):
+            arg = _ld_arb(yi)
+            # Below -11000 the pass returns exp(-11000), which its callers' TINY covers.
+            exact = (arg if yi >= -11000 else flint.arb(-11000)).exp()
+            err = abs(_ld_arb(wi) - exact)
+            assert err <= exact * flint.arb(rel), (yi, wi)
+
+
+def _ld_arb(x) -> flint.arb:
+    """A longdouble exactly, even below float64's range: its mantissa as two float64 parts, then the exponent."""
+    m, e = np.frexp(x)
+    hi = float(m)
+    return (flint.arb(hi) + flint.arb(float(m - second.LD(hi)))) * flint.arb(2) ** int(e)
 
 
 def test_backward_twice_from_one_forward_matches_the_standalone_backward():
