@@ -319,6 +319,31 @@ def test_the_second_pass_exp_holds_its_bound_against_arb():
             assert err <= exact * flint.arb(rel), (yi, wi)
 
 
+@pytest.mark.skipif(not second.available(), reason="longdouble is float64 here: no second pass")
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 8, 255, 256, 300])
+def test_the_second_pass_pairwise_sum_holds_its_bound(n):
+    from fractions import Fraction
+
+    rng = np.random.default_rng(n)
+    # Mixed signs and magnitudes, with bits below float64's, so that the sums round.
+    x = (rng.standard_normal((4, n)) * 2.0 ** rng.integers(-30, 30, (4, n))).astype(second.LD)
+    x += second.LD(rng.standard_normal((4, n))) * x * second.LD(2.0 ** -60)
+    total, levels = second._pairwise_sum(x)
+    assert levels == max(n - 1, 0).bit_length()
+    for row, t in zip(x, total):
+        exact = sum((_ld_fraction(v) for v in row), Fraction(0))
+        bound = Fraction(second._gamma(levels)) * sum((abs(_ld_fraction(v)) for v in row), Fraction(0))
+        assert abs(_ld_fraction(t) - exact) <= bound
+
+
+def _ld_fraction(x):
+    from fractions import Fraction
+
+    m, e = np.frexp(x)
+    hi = float(m)
+    return (Fraction(hi) + Fraction(float(m - second.LD(hi)))) * Fraction(2) ** int(e)
+
+
 def _ld_arb(x) -> flint.arb:
     """A longdouble exactly, even below float64's range: its mantissa as two float64 parts, then the exponent."""
     m, e = np.frexp(x)
