@@ -169,11 +169,13 @@ def dot_rows(X: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray,
 class FirstPass:
     """The float64 enclosures of one attention problem, forward first, the backward on demand.
 
-    The matmuls whose errors would dominate are error-free sliced products
-    (:func:`exactref.engine.fast.matmul_sliced`), the row sums compensated, and
-    the exp bounded by :func:`exp_bounded`: what is left is a few units of
-    float64 rounding per quantity, so the rounding of a float32 or narrower
-    output is decided for all but a handful of elements.
+    The matmuls whose errors would dominate (q k^T, P V, dO V^T) are
+    error-free sliced products (:func:`exactref.engine.fast.matmul_sliced`),
+    the row sums compensated, and the exp bounded by :func:`exp_bounded`:
+    what is left is a few units of float64 rounding per quantity, so the
+    rounding of a float32 or narrower output is decided for all but a handful
+    of elements.  The gradients' final products are plain float64 ones (see
+    :meth:`grad`).
     """
 
     def __init__(self, pb: Problem) -> None:
@@ -276,8 +278,16 @@ class FirstPass:
             else:
                 X, Xe = _cat_rows_t(self.P, cop), _cat_rows_t(self.e_P, cop)
                 Y = self.G[cop].reshape(n, c * pb.L, pb.Ev)
-            hi, lo, rad = sliced(X, Y)
-            rad = up(rad + matmul_up(Xe, np.abs(Y)))
+            # A plain float64 product, with Higham's gamma_K for any order of its K products and
+            # sums.  It widens the enclosures of grad_query and grad_key about 2 times (dS's own
+            # error is of the same order) and grad_value's about 8; the few more undecided
+            # elements cost the second pass less than error-free products would cost here.
+            K = X.shape[-1]
+            absY = np.abs(Y)
+            hi = X @ Y
+            lo = np.zeros_like(hi)
+            rad = up(g(K) * matmul_up(np.abs(X), absY) + matmul_up(Xe, absY) + K * TINY)
+            hi = np.where(np.isfinite(rad) & np.isfinite(hi), hi, 0.0)
             if which != "value":
                 # s (hi + lo): s's float64 value errs by ds, and the product by two roundings.
                 p_hi, p_lo, safe = two_prod(np.full_like(hi, s), hi)

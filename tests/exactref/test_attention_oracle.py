@@ -214,6 +214,50 @@ def _second_pass_holds(q, k, v, grad, kw, okw) -> int:
     return sum(len(flats) for _, flats, *_ in seen)
 
 
+def _first_pass_holds(q, k, v, grad, kw, okw) -> int:
+    """Check that every first-pass enclosure (of the output and the three gradients) holds the
+    oracle's value; returns how many elements it checked."""
+    from exactref.ops import attention
+
+    seen = []
+    real = attention._decide
+
+    def recording(passes, which, enclosure, fmt, special):
+        seen.append((which, *(np.asarray(a).reshape(-1).copy() for a in enclosure)))
+        return real(passes, which, enclosure, fmt, special)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attention, "_decide", recording)
+        r = er.scaled_dot_product_attention(q, k, v, **kw)
+        try:
+            r.backward(grad)
+        except er.ReferenceUnavailableError:
+            pass  # raised after the first pass
+    oracle = Oracle(q, k, v, **okw)
+    exact = {"out": oracle.out(), **{name[5:]: x for name, x in oracle.grads(grad).items()}}
+    with mpmath.workprec(320):
+        for which, hi, lo, rad in seen:
+            for f, (h, l_, r_) in enumerate(zip(hi, lo, rad)):
+                x = exact[which].reshape(-1)[f]
+                x = mpmath.mpf(x.numerator) / x.denominator if hasattr(x, "numerator") else mpmath.mpf(x)
+                assert abs(x - (mpmath.mpf(h) + mpmath.mpf(l_))) <= r_, (which, f, h, l_, r_, x)
+    return sum(len(hi) for _, hi, *_ in seen)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "float64"])
+@settings(deadline=None, max_examples=60)
+@given(data=st.data())
+def test_first_pass_enclosures_hold_the_oracle_values(fmt, data):
+    _first_pass_holds(*data.draw(cases(fmt)))
+
+
+def test_first_pass_encloses_every_element_of_a_moderate_case():
+    rng = np.random.default_rng(6)
+    q, k, v, grad = (rng.standard_normal((2, 9, 6)).astype(np.float32) * 2 for _ in range(4))
+    mask = rng.random((9, 9)) < 0.8
+    assert _first_pass_holds(q, k, v, grad, {"attn_mask": mask}, {"mask": mask}) == 4 * q.size
+
+
 @pytest.mark.parametrize("fmt", ["float32", "float64"])
 @settings(deadline=None, max_examples=60)
 @given(data=st.data())
