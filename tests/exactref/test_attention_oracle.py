@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import exactref as er
 from exactref.ops import _attention_second as second
+from exactref.ops import attention
 
 from ._attention_oracle import Oracle, is_near_boundary, round_to
 
@@ -184,6 +185,19 @@ def test_every_decision_stage_gives_the_same_rounding(monkeypatch, stage):
         assert np.array_equal(g[name].rounded.view(np.int32), g2[name].rounded.view(np.int32)), name
 
 
+def _enclosures_hold(oracle: Oracle, grad, seen) -> int:
+    """Each recorded (which, flat indices, hi, lo, rad) must hold the oracle's exact values;
+    returns how many elements were checked."""
+    exact = {"out": oracle.out(), **{name[5:]: x for name, x in oracle.grads(grad).items()}}
+    with mpmath.workprec(320):
+        for which, flats, hi, lo, rad in seen:
+            for f, h, l_, r_ in zip(flats, hi, lo, rad):
+                x = exact[which].reshape(-1)[f]
+                x = mpmath.mpf(x.numerator) / x.denominator if hasattr(x, "numerator") else mpmath.mpf(x)
+                assert abs(x - (mpmath.mpf(h) + mpmath.mpf(l_))) <= r_, (which, f, h, l_, r_, x)
+    return sum(len(flats) for _, flats, *_ in seen)
+
+
 def _second_pass_holds(q, k, v, grad, kw, okw) -> int:
     """Send every element through the longdouble pass and check that each enclosure holds the
     oracle's value; returns how many elements it enclosed."""
@@ -203,27 +217,18 @@ def _second_pass_holds(q, k, v, grad, kw, okw) -> int:
             r.backward(grad)
         except er.ReferenceUnavailableError:
             pass  # raised after the second pass, by the Arb stage
-    oracle = Oracle(q, k, v, **okw)
-    exact = {"out": oracle.out(), **{name[5:]: x for name, x in oracle.grads(grad).items()}}
-    with mpmath.workprec(320):
-        for which, flats, hi, lo, rad in seen:
-            for f, h, l_, r_ in zip(flats, hi, lo, rad):
-                x = exact[which].reshape(-1)[f]
-                x = mpmath.mpf(x.numerator) / x.denominator if hasattr(x, "numerator") else mpmath.mpf(x)
-                assert abs(x - (mpmath.mpf(h) + mpmath.mpf(l_))) <= r_, (which, f, h, l_, r_, x)
-    return sum(len(flats) for _, flats, *_ in seen)
+    return _enclosures_hold(Oracle(q, k, v, **okw), grad, seen)
 
 
 def _first_pass_holds(q, k, v, grad, kw, okw) -> int:
     """Check that every first-pass enclosure (of the output and the three gradients) holds the
     oracle's value; returns how many elements it checked."""
-    from exactref.ops import attention
-
     seen = []
     real = attention._decide
 
     def recording(passes, which, enclosure, fmt, special):
-        seen.append((which, *(np.asarray(a).reshape(-1).copy() for a in enclosure)))
+        hi, lo, rad = (np.asarray(a).reshape(-1).copy() for a in enclosure)
+        seen.append((which, np.arange(hi.size), hi, lo, rad))
         return real(passes, which, enclosure, fmt, special)
 
     with pytest.MonkeyPatch.context() as mp:
@@ -233,15 +238,7 @@ def _first_pass_holds(q, k, v, grad, kw, okw) -> int:
             r.backward(grad)
         except er.ReferenceUnavailableError:
             pass  # raised after the first pass
-    oracle = Oracle(q, k, v, **okw)
-    exact = {"out": oracle.out(), **{name[5:]: x for name, x in oracle.grads(grad).items()}}
-    with mpmath.workprec(320):
-        for which, hi, lo, rad in seen:
-            for f, (h, l_, r_) in enumerate(zip(hi, lo, rad)):
-                x = exact[which].reshape(-1)[f]
-                x = mpmath.mpf(x.numerator) / x.denominator if hasattr(x, "numerator") else mpmath.mpf(x)
-                assert abs(x - (mpmath.mpf(h) + mpmath.mpf(l_))) <= r_, (which, f, h, l_, r_, x)
-    return sum(len(hi) for _, hi, *_ in seen)
+    return _enclosures_hold(Oracle(q, k, v, **okw), grad, seen)
 
 
 @pytest.mark.parametrize("fmt", ["float32", "float16", "float64"])
