@@ -285,16 +285,15 @@ class FirstPass:
             K = X.shape[-1]
             absY = np.abs(Y)
             hi = X @ Y
-            lo = np.zeros_like(hi)
             rad = up(g(K) * matmul_up(np.abs(X), absY) + matmul_up(Xe, absY) + K * TINY)
             hi = np.where(np.isfinite(rad) & np.isfinite(hi), hi, 0.0)
+            lo = np.zeros_like(hi)
             if which != "value":
-                # s (hi + lo): s's float64 value errs by ds, and the product by two roundings.
-                p_hi, p_lo, safe = two_prod(np.full_like(hi, s), hi)
-                val = np.abs(hi) + np.abs(lo) + rad
-                rad = up(abs(s) * rad + ds * val + 4 * U * (abs(s) * np.abs(lo) + np.abs(p_lo)) + TINY)
+                # s (hi +- rad): s's float64 value errs by ds; s hi = p_hi + p_lo where safe.
+                val = np.abs(hi) + rad
+                hi, lo, safe = two_prod(np.full_like(hi, s), hi)
+                rad = up(abs(s) * rad + ds * val + 4 * U * np.abs(lo) + TINY)
                 rad = np.where(safe, rad, np.inf)
-                hi, lo = p_hi, p_lo + s * lo
         return hi, lo, np.where(np.isfinite(rad), rad, np.inf)
 
 
