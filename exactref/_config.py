@@ -38,7 +38,7 @@ class Config:
     given: set[str] = field(default_factory=set)
 
 
-def _load_toml(path: Path) -> dict[str, Any]:
+def _load_toml(path: Path, raw: bytes) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
@@ -48,24 +48,26 @@ def _load_toml(path: Path) -> dict[str, Any]:
             raise ConfigError(f"reading {path} needs the 'tomli' package on Python 3.10: "
                               "pip install tomli") from None
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except (OSError, ValueError) as exc:
+        return tomllib.loads(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
         raise ConfigError(f"cannot read {path}: {exc}") from None
 
 
-def read_pyproject(root: Path) -> dict[str, Any] | None:
-    """The ``[tool.exactref]`` table of ``root/pyproject.toml``, or None when there is none."""
+def read_pyproject(root: Path, raw: bytes | None = None) -> dict[str, Any] | None:
+    """The ``[tool.exactref]`` table of ``root/pyproject.toml``, or None when there is none.
+
+    ``raw`` is the file's contents when the caller has read them already.
+    """
     path = root / "pyproject.toml"
-    if not path.is_file():
-        return None
-    # Skip parsing for the many repositories that never mention exactref.
-    try:
-        if b"exactref" not in path.read_bytes():
+    if raw is None:
+        try:
+            raw = path.read_bytes()
+        except OSError:
             return None
-    except OSError:
+    # Skip parsing for the many repositories that never mention exactref.
+    if b"exactref" not in raw:
         return None
-    table = _load_toml(path).get("tool", {}).get("exactref")
+    table = _load_toml(path, raw).get("tool", {}).get("exactref")
     if table is None:
         return None
     if not isinstance(table, dict):

@@ -1,6 +1,6 @@
 """The pytest plugin at work: replaying regression cases, the property-suite items, saving failures.
 
-:mod:`exactref.pytest_plugin` registers a :class:`Session` only when the
+:mod:`_exactref_pytestplugin` registers a :class:`Session` only when the
 repository uses ExactRef; everything here is imported then.
 """
 

@@ -285,3 +285,16 @@ def test_the_plugin_does_nothing_in_a_repository_that_does_not_use_it(tmp_path):
                              "-W", "ignore::DeprecationWarning"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0 and "1 passed" in result.stdout
     assert "exactref" not in result.stdout
+
+
+def test_the_plugin_imports_nothing_of_exactref_in_a_repository_that_does_not_use_it(tmp_path):
+    (tmp_path / "test_plain.py").write_text("def test_one():\n    assert True\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.other]\nx = 1\n")
+    code = ("import sys, pytest\n"
+            "code = pytest.main(['-q', '-p', 'no:cacheprovider'])\n"
+            "loaded = sys.modules.get('_exactref_pytestplugin') is not None\n"
+            "print('plugin loaded', loaded, 'exactref imported', 'exactref' in sys.modules)\n"
+            "sys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "plugin loaded True exactref imported False" in result.stdout

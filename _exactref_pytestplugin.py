@@ -1,5 +1,7 @@
 """ExactRef's pytest plugin, loaded by pytest through the ``pytest11`` entry point.
 
+A top-level module, not part of the ``exactref`` package, so that loading it
+imports neither exactref nor numpy (as Hypothesis does with its own plugin).
 It stays out of the way: unless the repository has a ``[tool.exactref]``
 table or an ``--exactref`` option is given, the only work it does is to look
 for the word "exactref" in pyproject.toml.  When it is in use it
@@ -15,6 +17,7 @@ See ``docs/plugin.md``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,9 +50,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the torch device kernels get their tensors on (default: cpu)")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    from ._config import ConfigError, build, read_pyproject
+def _pyproject_bytes(root: Path) -> bytes | None:
+    try:
+        return (root / "pyproject.toml").read_bytes()
+    except OSError:
+        return None
 
+
+def pytest_configure(config: pytest.Config) -> None:
     options = {
         "suite": config.getoption("exactref_suite"),
         "kernels": config.getoption("exactref_kernels"),
@@ -58,14 +66,20 @@ def pytest_configure(config: pytest.Config) -> None:
         "examples": config.getoption("exactref_examples"),
         "device": config.getoption("exactref_device"),
     }
+    raw = _pyproject_bytes(config.rootpath)
+    # Most repositories never mention exactref: for them, nothing more is imported or parsed.
+    if all(v is None for v in options.values()) and (raw is None or b"exactref" not in raw):
+        return
+    from exactref._config import ConfigError, build, read_pyproject
+    from exactref._plugin import Session
+
     try:
-        table = read_pyproject(config.rootpath)
+        table = read_pyproject(config.rootpath, raw)
         if table is None and all(v is None for v in options.values()):
             return
         settings = build(config.rootpath, table, options)
     except ConfigError as exc:
         raise pytest.UsageError(f"exactref: {exc}") from None
-    from ._plugin import Session
 
     config.pluginmanager.register(Session(config, settings), _PLUGIN_NAME)
 
