@@ -11,7 +11,6 @@ own (``except er.OutOfToleranceError`` still catches them).
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ else:  # pragma: no cover - Python 3.10, where Hypothesis brings the backport
     from exceptiongroup import BaseExceptionGroup, ExceptionGroup
 
 __all__ = ["BaseExceptionGroup", "DtypeMismatchError", "ExceptionGroup", "MissingGradientError", "Verdict",
-           "add_note", "describe_inputs", "judge", "keyed", "reference"]
+           "add_note", "describe_inputs", "first_line", "flatten", "is_keyed", "judge", "keyed", "reference"]
 
 #: Arrays up to this many elements are written out in full in a report.
 SMALL = 64
@@ -65,6 +64,24 @@ def keyed(base: type[BaseException], where: str) -> type:
         _KEYED[key] = type(name, (base,), {"__module__": "exactref", "__qualname__": name,
                                            "where": where, "kind": base.__name__})
     return _KEYED[key]
+
+
+def is_keyed(exc: BaseException) -> bool:
+    """Whether ``exc`` is of a class made by :func:`keyed` (and so knows where it failed)."""
+    return hasattr(type(exc), "where")
+
+
+def first_line(exc: BaseException) -> str:
+    """The failure's type and the first two lines of its message, for a case file's ``failure``."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {' / '.join(lines[:2])}"[:300] if lines else type(exc).__name__
+
+
+def flatten(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside ``exc``, exception groups unpacked at every depth."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in flatten(inner)]
+    return [exc]
 
 
 @dataclass
@@ -244,9 +261,3 @@ def judge(kernel: Kernel, direction: str, inputs: Mapping[str, Any], kwargs: Map
         group.verdict = verdict  # type: ignore[attr-defined]
         raise group
     return verdict
-
-
-def ratio_text(r: float) -> str:
-    if math.isinf(r):
-        return "inf"
-    return f"{r:.3g}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,10 @@ from ._cases import (
     content_of_test,
     decode_case,
     scan,
-    suite_content,
     write_case,
 )
 from ._config import Config
-from ._judge import BaseExceptionGroup, add_note, describe_inputs, judge, keyed
+from ._judge import add_note, describe_inputs, first_line, flatten, is_keyed, judge, keyed
 from ._kernels import Kernel, device_problem, ensure_importable, load_kernels
 from .errors import MismatchError, ReferenceUnavailableError
 
@@ -35,20 +33,6 @@ __all__ = ["Session"]
 SHRINK_SECONDS = 60.0
 _SAVED = "exactref_saved"
 _FIXED = "exactref_fixed"
-
-
-def _flatten(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _flatten(inner)
-    else:
-        yield exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    lines = text.splitlines()
-    return f"{type(exc).__name__}: {' / '.join(lines[:2])}"[:300] if lines else type(exc).__name__
 
 
 class ExactRefError(Exception):
@@ -137,8 +121,8 @@ class ReplayItem(_Item):
         except ReferenceUnavailableError as exc:
             pytest.skip(f"{self.plugin.rel(path)}: exactref has no decidable reference for this case: {exc}")
         except Exception as exc:
-            members = list(_flatten(exc))
-            if not all(hasattr(type(e), "where") for e in members):
+            members = flatten(exc)
+            if not all(is_keyed(e) for e in members):
                 raise
             known = kernel.known_failures.get(data["format"])
             if known:
@@ -202,18 +186,14 @@ class Session:
                f"{run.examples} examples passed first\n\n" + "\n\n".join(blocks)
 
     def _save_suite_case(self, item: SuiteItem, run: Any, exc: BaseException) -> str:
-        case = getattr(exc, "_exactref_case", None)
-        if case is None or not hasattr(type(exc), "where"):
+        from ._suite import suite_case
+
+        content = suite_case(run, exc, test=item.nodeid, kernels=str(self.cfg.kernels))
+        if content is None:
             return "Not saved: this is not a mismatch of the kernel."
         if self.cfg.regressions is None:
             return ("Not saved: no regressions directory (set regressions = \"tests/exactref_regressions\" "
                     "in [tool.exactref], or pass --exactref-regressions DIR).")
-        cell = item.cell
-        content = suite_content(test=item.nodeid, kernel=f"{self.cfg.kernels}:{cell.op}", strategy=run.strategy,
-                                op=cell.op, direction=cell.direction, fmt=cell.fmt, inputs=case.inputs,
-                                kwargs=case.kwargs, grad=case.grad,
-                                model=str(cell.kernel.model(cell.direction, cell.fmt) or "default"),
-                                failure=_first_line(exc))
         path = write_case(self.cfg.regressions, content)
         item.user_properties.append((_SAVED, self.rel(path)))
         return (f"Saved as the regression case {self.rel(path)}; it replays first on every run. "
@@ -398,7 +378,7 @@ class Session:
                 cases = {k: v for k, v in drawn.items() if type(v).__name__ == "OpCase"}
                 if cases:
                     exc._exactref_args = drawn  # type: ignore[attr-defined]
-                    if isinstance(exc, MismatchError) and not hasattr(type(exc), "where") and exc.op:
+                    if isinstance(exc, MismatchError) and not is_keyed(exc) and exc.op:
                         # Told apart by op and gradient too, not only by kind (see _judge).
                         exc.__class__ = keyed(type(exc), exc.op)
                     for name, case in cases.items():
@@ -421,12 +401,12 @@ class Session:
             return report
         if call.excinfo is None or self.cfg.regressions is None:
             return report
-        for exc in _flatten(call.excinfo.value):
+        for exc in flatten(call.excinfo.value):
             drawn = getattr(exc, "_exactref_args", None)
             if drawn is None:
                 continue
             try:
-                content = content_of_test(test=item.nodeid, arguments=drawn, failure=_first_line(exc))
+                content = content_of_test(test=item.nodeid, arguments=drawn, failure=first_line(exc))
             except TypeError as err:
                 report.sections.append(("exactref", f"The failing case was not saved: {err}"))
                 continue

@@ -21,11 +21,14 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings, target
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
-from ._judge import BaseExceptionGroup, judge
+from ._judge import BaseExceptionGroup, first_line, is_keyed, judge
+# Under this name: the test body in run_cell uses it, and Hypothesis derives a derandomized
+# run's seed from that body's source, on which docs/plugin.md's printed example depends.
+from ._judge import flatten as _flatten
 from ._kernels import Kernel, kernel_formats
 from .errors import ReferenceUnavailableError
 
-__all__ = ["Cell", "CellRun", "cells", "run_cell", "strategy_source"]
+__all__ = ["Cell", "CellRun", "cells", "run_cell", "strategy_source", "suite_case"]
 
 TARGET_LABEL = "worst error/tolerance ratio"
 # hypothesis.target needs a finite score.
@@ -55,20 +58,13 @@ class Cell:
 
 
 def cells(kernels: Mapping[str, Kernel], *, ops: Iterable[str] | None = None,
-          formats: Iterable[str] | None = None, directions: Iterable[str] | None = None) -> list[Cell]:
-    """Every cell of ``kernels``, optionally only some ops, formats and directions, in a stable order."""
+          formats: Iterable[str] | None = None) -> list[Cell]:
+    """Every cell of ``kernels``, optionally only some ops and formats, in a stable order."""
     wanted_ops = None if ops is None else set(ops)
     wanted_formats = None if formats is None else tuple(formats)
-    wanted_dirs = None if directions is None else set(directions)
-    out = []
-    for op, kernel in kernels.items():
-        if wanted_ops is not None and op not in wanted_ops:
-            continue
-        for fmt in kernel_formats(kernel, wanted_formats):
-            for direction in kernel.directions:
-                if wanted_dirs is None or direction in wanted_dirs:
-                    out.append(Cell(kernel, fmt, direction))
-    return out
+    return [Cell(kernel, fmt, direction) for op, kernel in kernels.items()
+            if wanted_ops is None or op in wanted_ops
+            for fmt in kernel_formats(kernel, wanted_formats) for direction in kernel.directions]
 
 
 @dataclass
@@ -123,15 +119,6 @@ def cell_strategy(cell: Cell) -> Any:
         return plain.filter(lambda case: case.format.name == cell.fmt)
 
 
-def _flatten(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        out: list[BaseException] = []
-        for inner in exc.exceptions:
-            out.extend(_flatten(inner))
-        return out
-    return [exc]
-
-
 class _OutOfTime(BaseException):
     """Ends a cell's Hypothesis run; a BaseException, so that Hypothesis does not take it for a failure."""
 
@@ -149,7 +136,7 @@ def _origin(exc: BaseException) -> tuple[Any, ...]:
     # The keyed failure types already say kind and place; other errors are told apart by text.
     if isinstance(exc, BaseExceptionGroup):
         return tuple(t for e in exc.exceptions for t in _origin(e))
-    return (type(exc),) if hasattr(type(exc), "where") else (type(exc), str(exc).split("\n", 1)[0])
+    return (type(exc),) if is_keyed(exc) else (type(exc), str(exc).split("\n", 1)[0])
 
 
 def _distinct(failures: list[BaseException]) -> list[BaseException]:
@@ -260,3 +247,18 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
 def audit_settings() -> settings:
     """Quiet, database-free settings: the audit prints its own report."""
     return settings(database=None, verbosity=Verbosity.quiet, derandomize=False, print_blob=False)
+
+
+def suite_case(run: CellRun, exc: BaseException, *, test: str, kernels: str) -> dict[str, Any] | None:
+    """The regression-case content of one failure of a cell's run, or None when the failure is not a
+    mismatch of the kernel (and so has no case to replay).  ``kernels`` names the kernel module."""
+    from ._cases import suite_content
+
+    case = getattr(exc, "_exactref_case", None)
+    if case is None or not is_keyed(exc):
+        return None
+    cell = run.cell
+    return suite_content(test=test, kernel=f"{kernels}:{cell.op}", strategy=run.strategy, op=cell.op,
+                         direction=cell.direction, fmt=cell.fmt, inputs=case.inputs, kwargs=case.kwargs,
+                         grad=case.grad, model=str(cell.kernel.model(cell.direction, cell.fmt) or "default"),
+                         failure=first_line(exc))

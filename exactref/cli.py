@@ -252,19 +252,15 @@ def _torch_version() -> str:
 
 
 def _save(runs: list[Any], cfg: Any, out: TextIO) -> None:
-    from ._cases import suite_content, write_case
+    from ._cases import write_case
+    from ._suite import suite_case
 
     for run in runs:
-        cell = run.cell
         for exc in run.failures:
-            case = getattr(exc, "_exactref_case", None)
-            if case is None or not hasattr(type(exc), "where"):
+            content = suite_case(run, exc, test=f"exactref::{run.cell.name}",
+                                 kernels=cfg.kernels or DEFAULT_KERNELS)
+            if content is None:
                 continue
-            content = suite_content(test=f"exactref::{cell.name}", kernel=f"{cfg.kernels or DEFAULT_KERNELS}:"
-                                    f"{cell.op}", strategy=run.strategy, op=cell.op, direction=cell.direction,
-                                    fmt=cell.fmt, inputs=case.inputs, kwargs=case.kwargs, grad=case.grad,
-                                    model=str(cell.kernel.model(cell.direction, cell.fmt) or "default"),
-                                    failure=str(exc).splitlines()[0][:300])
             print(f"saved {write_case(cfg.regressions, content)}", file=out)
 
 

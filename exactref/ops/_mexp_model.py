@@ -256,10 +256,7 @@ class _Bound:
 def _half_spacing(fmt: Format) -> float:
     """The most one rounding among the subnormals costs, rounded up to a float64."""
     # Half of float64's own smallest subnormal is 0 in float64; the bound must not be.
-    return max(fmt.min_subnormal / 2, _TINIEST)
-
-
-_TINIEST = float.fromhex("0x1p-1074")
+    return max(fmt.min_subnormal / 2, FLOAT64.min_subnormal)
 
 
 class _BoundOps(_Ops):
