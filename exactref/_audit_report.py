@@ -168,7 +168,7 @@ def write_report(path: Path, runs: Sequence[Any], *, kernel_name: str, seed: int
     kind = check_report_path(path)
     status = summary(runs, elapsed, seed)
     plots = {op: _plot(op, op_runs) for op, op_runs in _by_op(runs).items()}
-    header = [*_COLUMNS, "note"]
+    header = list(_COLUMNS)
     rows = _rows(runs)
     examples = counterexamples(runs).strip()
     path.parent.mkdir(parents=True, exist_ok=True)

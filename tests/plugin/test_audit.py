@@ -90,6 +90,9 @@ def test_report_writes_its_file_with_plots(repo: Repo, tmp_path, suffix):
         assert plots == ["matmul.png", "sum.png"]
         assert (tmp_path / "audit_plots" / "matmul.png").read_bytes()[:4] == b"\x89PNG"
         assert "![matmul](audit_plots/matmul.png)" in text
+        table = [line for line in text.splitlines() if line.startswith("|")]
+        assert table[0].startswith("| op |") and len(table) == 2 + 4  # header, rule, 2 ops x 2 directions
+        assert len({line.count("|") for line in table}) == 1, table  # every row as wide as the header
 
 
 def test_report_without_matplotlib_is_a_clear_error(repo: Repo, tmp_path):
