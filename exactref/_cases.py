@@ -20,7 +20,7 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +201,6 @@ class SavedCase:
     test: str  # the pytest node id the case belongs to
     data: dict[str, Any]
     path: Path | None = None
-    failure: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -321,7 +319,7 @@ def read_case(path: Path) -> SavedCase:
                     decode_case(decoded[_OPCASE], f"argument {k!r}")
     except (ValueError, TypeError, KeyError) as exc:
         raise CaseFileError(path, f"is corrupt: {exc}; fix it or delete the file") from None
-    return SavedCase(kind, test, data, path, str(data.get("failure", "")))
+    return SavedCase(kind, test, data, path)
 
 
 def arguments_of_test(saved: SavedCase) -> dict[str, Any]:

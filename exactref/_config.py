@@ -7,7 +7,7 @@ configuration costs nothing when a repository does not use ExactRef.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,6 @@ class Config:
     suite: bool = False
     ops: tuple[str, ...] | None = None
     formats: tuple[str, ...] | None = None
-    source: str = "defaults"
-    given: set[str] = field(default_factory=set)
 
 
 def _load_toml(path: Path, raw: bytes) -> dict[str, Any]:
@@ -103,7 +101,7 @@ def build(root: Path, table: dict[str, Any] | None, options: dict[str, Any]) -> 
             given.add(key)
         elif key in table:
             merged[key] = table[key]
-    cfg = Config(root=root, source=where if table else "the command line", given=given)
+    cfg = Config(root=root)
 
     def origin(key: str) -> str:
         return "on the command line" if key in given else where

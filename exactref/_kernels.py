@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import formats
+
 __all__ = [
     "AUTOGRAD",
     "DIRECTIONS",
@@ -41,7 +43,7 @@ DIRECTIONS: tuple[str, ...] = ("forward", "backward")
 #: A kernel's backward may be this string: the plugin runs torch autograd through the forward.
 AUTOGRAD = "autograd"
 #: Every format, in the order cells are listed.
-FORMATS: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16", "complex64", "complex128")
+FORMATS: tuple[str, ...] = tuple(formats.FORMATS)
 _REAL = FORMATS[:4]
 
 
@@ -53,8 +55,7 @@ class _OpInfo(NamedTuple):
     model_keyword: str | None
 
 
-# The same names as strategies.SIGNATURES (a test keeps them equal); repeated
-# here so that this module does not import Hypothesis.
+# Every op's inputs, keywords, formats and model keyword; strategies.SIGNATURES is built from it.
 OP_INPUTS: dict[str, _OpInfo] = {
     "matmul": _OpInfo(("A", "B"), (), True, FORMATS, "model"),
     "gemm": _OpInfo(("A", "B", "C"), ("alpha", "beta"), True, FORMATS, "model"),
@@ -283,12 +284,13 @@ def kernel_formats(kernel: Kernel, wanted: tuple[str, ...] | None) -> tuple[str,
 # ---------------------------------------------------------------- arrays
 
 
-def to_torch(value: Any, device: str, *, requires_grad: bool = False) -> Any:
+def to_torch(value: Any, device: Any, *, requires_grad: bool = False) -> Any:
     """A torch tensor with exactly the values and dtype of a numpy array (others unchanged)."""
     if not isinstance(value, np.ndarray):
         return value
     import torch
 
+    # A C-ordered copy (np.ascontiguousarray would turn a 0-d array into 1-d).
     a = np.array(value, order="C", copy=True)
     if a.dtype.name == "bfloat16":
         # torch cannot read ml_dtypes arrays; the bits are the same, so go through int16.
@@ -303,11 +305,9 @@ def to_torch(value: Any, device: str, *, requires_grad: bool = False) -> Any:
 
 def to_numpy(value: Any) -> Any:
     """A numpy copy of a torch tensor on any device; numpy arrays and others unchanged."""
-    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
-        from ._convert import _torch_to_numpy
+    from ._convert import _is_torch, _torch_to_numpy
 
-        return _torch_to_numpy(value)
-    return value
+    return _torch_to_numpy(value) if _is_torch(value) else value
 
 
 def _convert(value: Any, kernel: Kernel, device: str, requires_grad: bool = False) -> Any:

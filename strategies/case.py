@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
+from exactref._kernels import OP_INPUTS, to_torch
 from exactref.formats import ComplexFormat, Format, format_of
 
 from .hard import HardCase
@@ -25,18 +26,8 @@ class Signature(NamedTuple):
     has_backward: bool
 
 
-#: Every op a case can be drawn for, with its parameter names.
-SIGNATURES: dict[str, Signature] = {
-    "matmul": Signature(("A", "B"), (), True),
-    "gemm": Signature(("A", "B", "C"), ("alpha", "beta"), True),
-    "add": Signature(("x", "y"), ("alpha",), True),
-    "multiply": Signature(("x", "y"), (), True),
-    "sum": Signature(("x",), ("axis", "keepdims"), True),
-    "scaled_dot_product_attention": Signature(
-        ("query", "key", "value"), ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), True),
-    "matrix_exp": Signature(("A",), (), True),
-    "matrix_exp_frechet": Signature(("A", "E"), (), False),
-}
+#: Every op a case can be drawn for, with its parameter names (exactref's own table of the ops).
+SIGNATURES: dict[str, Signature] = {op: Signature(i.inputs, i.keywords, i.has_backward) for op, i in OP_INPUTS.items()}
 #: The ops, in the order the docs list them.
 OPS: tuple[str, ...] = tuple(SIGNATURES)
 
@@ -160,16 +151,9 @@ class OpCase:
         With ``requires_grad`` the floating-point inputs (not masks, not grad)
         record gradients, ready for ``out.backward(case.grad)``.
         """
-        def conv(v: Any, grad_ok: bool) -> Any:
-            if not isinstance(v, np.ndarray):
-                return v
-            t = tensor_from_numpy(v, device)
-            if requires_grad and grad_ok and (t.is_floating_point() or t.is_complex()):
-                t.requires_grad_(True)
-            return t
-        return OpCase(self.op, {k: conv(v, True) for k, v in self.inputs.items()},
-                      {k: conv(v, False) for k, v in self.kwargs.items()},
-                      conv(self.grad, False), self.hard)
+        return OpCase(self.op, {k: to_torch(v, device, requires_grad=requires_grad) for k, v in self.inputs.items()},
+                      {k: to_torch(v, device) for k, v in self.kwargs.items()},
+                      to_torch(self.grad, device), self.hard)
 
     def to_numpy(self) -> OpCase:
         """The same case with every torch tensor back as a numpy array."""
@@ -202,13 +186,7 @@ def _op_of(module: ModuleType | None, op: str) -> Any:
 
 def tensor_from_numpy(a: np.ndarray, device: Any = "cpu") -> Any:
     """A torch tensor with ``a``'s values and dtype (bfloat16 included), on ``device``."""
-    import torch
-    # A C-ordered copy (np.ascontiguousarray would turn a 0-d array into 1-d).
-    a = np.array(a, order="C", copy=True)
-    if a.dtype == ml_dtypes.bfloat16:
-        # torch cannot read ml_dtypes arrays; the bits are the same, so go through int16.
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(device)
-    return torch.from_numpy(a).to(device)
+    return to_torch(a, device)
 
 
 def tensor_to_numpy(t: Any) -> np.ndarray:
