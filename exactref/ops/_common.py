@@ -161,17 +161,18 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
         # A bound that overflowed (inf * 0 in a formula) means no bound at all.
         E = np.where(np.isnan(E), np.inf, np.where(E > 0, E * _SLACK, E))
         special = specials(ps.special_terms, shape) if ps.special_terms is not None else None
-        # The last two: where NaN is accepted besides the answer, and where any NaN or inf is.
-        solved.append((sol, E, overflow, special, None, None))
+        # The last: where NaN is accepted besides the answer.
+        solved.append((sol, E, overflow, special, None))
     if len(solved) == 2:
         _share_complex_specials(solved)
     parts: list[Part] = []
-    for sol, E, overflow, special, nan_also, any_special in solved:
+    for sol, E, overflow, special, nan_also in solved:
         part = judge(sol.rounded, sol.x_lo, sol.x_hi, E, pfmt, special=special, overflow=overflow,
                      nan_also=nan_also)
-        if any_special is not None:
-            part.nan_ok = part.nan_ok | any_special
-            part.special_ok = part.special_ok | any_special
+        if nan_also is not None and overflow is not None:
+            # A finite product that overflows meeting an infinity gives inf or NaN by the order of
+            # the complex formula's operations (a BLAS may scale by alpha first): either may come.
+            part.special_ok = part.special_ok | np.asarray(nan_also & overflow)
         for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
             setattr(part, name, np.asarray(getattr(part, name)).reshape(out_shape))
         parts.append(part)
@@ -193,17 +194,14 @@ def _share_complex_specials(solved: list) -> None:
     do; and where either part's evaluation meets an infinity, NaN is
     accepted in both (see docs/special-values.md).
     """
-    (_, _, o0, sp0, _, _), (_, _, o1, sp1, _, _) = solved
+    (_, _, o0, sp0, _), (_, _, o1, sp1, _) = solved
     overflow = None if o0 is None and o1 is None else (
         (o0 if o0 is not None else False) | (o1 if o1 is not None else False))
     met_inf = None
     if sp0 is not None or sp1 is not None:
         met_inf = ((sp0 != 0) if sp0 is not None else False) | ((sp1 != 0) if sp1 is not None else False)
-    # A finite product that overflows meeting an infinity gives inf or NaN by the order of
-    # the complex formula's operations (a BLAS may scale by alpha first): either may come.
-    any_special = None if met_inf is None or overflow is None else np.asarray(met_inf & overflow)
-    for k, (sol, E, _, sp, _, _) in enumerate(solved):
-        solved[k] = (sol, E, overflow, sp, met_inf, any_special)
+    for k, (sol, E, _, sp, _) in enumerate(solved):
+        solved[k] = (sol, E, overflow, sp, met_inf)
 
 
 def convert_operand(o: Operand, fmt: Format | ComplexFormat) -> Operand:
