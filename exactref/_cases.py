@@ -149,6 +149,9 @@ def flatten(values: Any, depth: int) -> list[Any]:
     return [v for row in values for v in flatten(row, depth - 1)]
 
 
+_INTEGER_DTYPES = tuple(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64))
+
+
 def _decode_array(data: dict[str, Any], where: str) -> np.ndarray:
     from .formats import FORMATS
 
@@ -163,8 +166,13 @@ def _decode_array(data: dict[str, Any], where: str) -> np.ndarray:
         raise ValueError(f"{where}: {len(flat)} values do not fill the shape {tuple(shape)}")
     if dtype == "bool":
         return np.array([bool(v) for v in flat], dtype=bool).reshape(shape)
+    if dtype in _INTEGER_DTYPES:
+        # encode_value writes integer arrays (indices, say) as plain ints.
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+            raise ValueError(f"{where}: the values of a {dtype} array must be integers")
+        return np.array(flat, dtype=dtype).reshape(shape)
     if dtype not in FORMATS:
-        raise ValueError(f"{where}: dtype {dtype!r} is not one of {', '.join(FORMATS)} or bool")
+        raise ValueError(f"{where}: dtype {dtype!r} is not one of {', '.join(FORMATS)}, an integer type or bool")
     if FORMATS[dtype].is_complex:
         pairs = [v if isinstance(v, list) and len(v) == 2 else [None, None] for v in flat]
         vals = np.array([complex(_from_hex(r, where), _from_hex(i, where)) for r, i in pairs])

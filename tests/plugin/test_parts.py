@@ -58,10 +58,11 @@ def test_arrays_go_through_a_case_file_bit_for_bit(a):
 
 
 def test_scalars_tuples_and_masks_go_through_a_case_file():
-    for value in (None, True, 3, -0.0, 2.5, complex(1.5, -0.0), (0, 2), "x", np.array([[True, False]])):
+    for value in (None, True, 3, -0.0, 2.5, complex(1.5, -0.0), (0, 2), "x", np.array([[True, False]]),
+                  np.array([[-3, 2**40]]), np.array([7], np.uint8)):
         back = decode_value(json.loads(json.dumps(encode_value(value))))
         if isinstance(value, np.ndarray):
-            assert back.dtype == bool and (back == value).all()
+            assert back.dtype == value.dtype and (back == value).all()
         else:
             assert back == value and type(back) is type(value) and str(back) == str(value)
 
