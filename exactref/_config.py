@@ -1,7 +1,8 @@
 """``[tool.exactref]`` in a kernel repository's pyproject.toml, merged with command-line options.
 
-Only the standard library is imported here, so that reading the
-configuration costs nothing when a repository does not use ExactRef.
+Only the standard library is imported at the top, so that reading the
+configuration costs little; the names of the ops and formats are imported
+when a configuration is built.
 """
 
 from __future__ import annotations
@@ -131,6 +132,18 @@ def build(root: Path, table: dict[str, Any] | None, options: dict[str, Any]) -> 
     if not isinstance(suite, bool):
         raise ConfigError(f"suite = {suite!r} ({origin('suite')}) must be true or false")
     cfg.suite = suite
-    cfg.ops = _names("ops", merged.get("ops"), origin("ops"))
-    cfg.formats = _names("formats", merged.get("formats"), origin("formats"))
+    from ._kernels import FORMATS, OP_INPUTS
+
+    cfg.ops = _known("ops", merged.get("ops"), origin("ops"), "an op", tuple(OP_INPUTS))
+    cfg.formats = _known("formats", merged.get("formats"), origin("formats"), "a format", FORMATS)
     return cfg
+
+
+def _known(key: str, value: Any, where: str, kind: str, known: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The names of ``value`` (see :func:`_names`), each one of ``known``: a typo must not select nothing."""
+    names = _names(key, value, where)
+    for name in names or ():
+        if name not in known:
+            raise ConfigError(f"{key} names {name!r} ({where}), which is not {kind}; "
+                              f"use names from: {', '.join(known)}")
+    return names

@@ -106,8 +106,9 @@ def test_report_without_matplotlib_is_a_clear_error(repo: Repo, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (("--device", "cuda"), "--device cuda: no CUDA device is available here"),
-    (("--ops", "matmull"), "--ops names 'matmull', which is not an op; use names from: matmul, gemm"),
-    (("--dtypes", "float8"), "--dtypes names 'float8', which is not a format"),
+    (("--ops", "matmull"), "ops names 'matmull' (on the command line), which is not an op; "
+                           "use names from: matmul, gemm"),
+    (("--dtypes", "float8"), "formats names 'float8' (on the command line), which is not a format"),
     (("--report", "out.txt"), "--report out.txt: the file must end in .md (Markdown) or .html"),
     (("--kernels", "mykernels.nowhere"), "could not import the kernel module 'mykernels.nowhere'"),
     (("--strategies", "mykernels.nowhere"),

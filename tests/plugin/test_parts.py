@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -207,9 +208,12 @@ def test_configuration_merges_the_command_line_over_pyproject(tmp_path):
     ({"kernels": ""}, "kernels = ''"),
     ({"suite": "yes"}, "suite = 'yes'"),
     ({"ops": [1]}, "ops = [1]"),
+    # A typo must not quietly select nothing.
+    ({"ops": ["matmull"]}, "ops names 'matmull' ([tool.exactref] in"),
+    ({"formats": ["float32", "fp16"]}, "formats names 'fp16' ([tool.exactref] in"),
 ])
 def test_bad_configuration_names_key_and_value(tmp_path, table, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         build(tmp_path, table, {})
 
 
