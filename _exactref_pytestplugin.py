@@ -70,8 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Most repositories never mention exactref: for them, nothing more is imported or parsed.
     if all(v is None for v in options.values()) and (raw is None or b"exactref" not in raw):
         return
-    from exactref._config import ConfigError, build, read_pyproject
-    from exactref._plugin import Session
+    from exactref.harness.config import ConfigError, build, read_pyproject
+    from exactref.harness.plugin import Session
 
     try:
         table = read_pyproject(config.rootpath, raw)

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 __all__ = ["main"]
 
-DEFAULT_KERNELS = "exactref._torch_kernels"
+DEFAULT_KERNELS = "exactref.backends.torch"
 #: Examples per cell when neither --examples nor [tool.exactref] examples says otherwise.
 DEFAULT_EXAMPLES = 100
 #: Seconds a cell may spend after its first failure looking for others and shrinking.
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def to_pytest(args: argparse.Namespace, out: TextIO) -> int:
-    from ._cases import CaseFileError, read_case
-    from ._standalone import standalone_test
+    from .harness.cases import CaseFileError, read_case
+    from .harness.standalone import standalone_test
 
     try:
         saved = read_case(args.case)
@@ -97,7 +97,7 @@ def to_pytest(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from ._config import ConfigError, build, read_pyproject
+    from .harness.config import ConfigError, build, read_pyproject
 
     root = Path.cwd()
     options = {"kernels": args.kernels, "strategies": args.strategies, "examples": args.examples,
@@ -169,13 +169,13 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if cfg.examples is None:
         cfg.examples = DEFAULT_EXAMPLES
     if args.report is not None:
-        from ._audit_report import check_report_path
+        from .harness.audit_report import check_report_path
 
         try:
             check_report_path(args.report)
         except (ValueError, ImportError) as exc:
             raise UsageError(str(exc)) from None
-    from ._kernels import device_problem
+    from .harness.kernels import device_problem
 
     problem = device_problem(cfg.device)
     if problem:
@@ -183,7 +183,7 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     import warnings
 
-    from ._kernels import ensure_importable, load_kernels
+    from .harness.kernels import ensure_importable, load_kernels
 
     ensure_importable(cfg.root)
     try:
@@ -195,7 +195,7 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (ImportError, ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from None
 
-    from ._suite import audit_settings, cells, run_cell
+    from .harness.suite import audit_settings, cells, run_cell
 
     selected = cells(kernels, ops=cfg.ops, formats=cfg.formats)
     if not selected:
@@ -219,7 +219,7 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             progress.finish_cell()
     progress.close()
     elapsed = time.perf_counter() - started
-    from ._audit_report import counterexamples, summary, table
+    from .harness.audit_report import counterexamples, summary, table
 
     print(table(runs), file=out)
     print(counterexamples(runs), file=out, end="")
@@ -228,7 +228,7 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if cfg.regressions is not None:
         _save(runs, cfg, out)
     if args.report is not None:
-        from ._audit_report import write_report
+        from .harness.audit_report import write_report
 
         write_report(args.report, runs, kernel_name=kernel_name, seed=seed, elapsed=elapsed)
         print(f"wrote {args.report}", file=out)
@@ -244,8 +244,8 @@ def _torch_version() -> str:
 
 
 def _save(runs: list[Any], cfg: Any, out: TextIO) -> None:
-    from ._cases import write_case
-    from ._suite import suite_case
+    from .harness.cases import write_case
+    from .harness.suite import suite_case
 
     for run in runs:
         for exc in run.failures:

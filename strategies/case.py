@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from exactref._kernels import OP_INPUTS, to_torch
+from exactref.harness.kernels import OP_INPUTS, to_torch
 from exactref.formats import ComplexFormat, Format, format_of
 
 from .hard import HardCase

@@ -44,8 +44,9 @@ _THETAS_DOUBLE = (2.220446049250313e-16, 2.580956802971767e-08, 3.39716883997696
 def degree_thresholds(dtype: Any, max_norm: float) -> tuple[float, ...]:
     """The 1-norms up to ``max_norm`` at which PyTorch's matrix_exp changes method for ``dtype``.
 
-    >>> [round(t, 4) for t in degree_thresholds("float32", 8.0)][-3:]
-    [1.4617, 3.0101, 6.0201]
+    >>> thresholds = degree_thresholds("float32", 8.0)
+    >>> print(*(round(t, 4) for t in thresholds[-3:]))
+    1.4617 3.0101 6.0201
     """
     from exactref.formats import format_of
     fmt = format_of(dtype)

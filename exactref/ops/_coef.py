@@ -9,7 +9,7 @@ from typing import Any
 
 from ..engine.sumprod import Term
 from ..formats import ComplexFormat, Format
-from ..models import scalar_error
+from ..models._bounds import scalar_error
 
 __all__ = ["held", "magnitude", "read_coefficient", "scaled", "scalar_relative_error"]
 

@@ -15,7 +15,7 @@ import numpy as np
 from .._convert import Operand, _plain, asarray, convert
 from ..engine.sumprod import Solution, Term, exact_fraction, solve, specials
 from ..formats import ComplexFormat, Format, format_of, part_of
-from ..models import ErrorModel
+from ..models._error_model import ErrorModel
 from ..result import Gradients, Part, Result, judge
 
 __all__ = ["Op", "build", "fold_copies", "read_grad"]

@@ -20,13 +20,8 @@ import numpy as np
 from .._convert import Operand, operand, promote, values_of
 from ..engine.sumprod import RowTerm, Solution, Term
 from ..formats import ComplexFormat, Format, part_of
-from ..models import (
-    DEFAULT,
-    ErrorModel,
-    accumulation_format,
-    check_model,
+from ..models._bounds import (
     dot_error,
-    opmath_format,
     overflow_possible,
     partials_error,
     products_exact,
@@ -34,6 +29,7 @@ from ..models import (
     scalar_error,
     widening_error,
 )
+from ..models._error_model import DEFAULT, ErrorModel, accumulation_format, check_model, opmath_format
 from ..result import Gradients, Result
 from ..rounding import round_float64
 from ._coef import held, magnitude, read_coefficient, scalar_relative_error

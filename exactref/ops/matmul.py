@@ -22,18 +22,14 @@ import numpy as np
 from .._convert import Operand, operand, values_of
 from ..engine.sumprod import MatmulTerm, RowTerm, Solution, Term
 from ..formats import ComplexFormat, Format, part_of
-from ..models import (
+from ..models._bounds import dot_error, overflow_possible, partials_error, products_exact, products_may_underflow
+from ..models._error_model import (
     DEFAULT,
     ErrorModel,
     accumulation_format,
     check_model,
-    dot_error,
     matmul_input_format,
     opmath_format,
-    overflow_possible,
-    partials_error,
-    products_exact,
-    products_may_underflow,
 )
 from ..result import Gradients, Result
 from ._coef import held, magnitude, read_coefficient, scalar_relative_error, scaled

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from .._convert import operand, values_of
+from ..engine.fast import up
 from ..engine.sumprod import RowTerm, Solution, Term
 from ..formats import part_of
-from ..models import DEFAULT, ErrorModel, accumulation_format, check_model, dot_error, overflow_possible
-from ..engine.fast import up
+from ..models._bounds import dot_error, overflow_possible
+from ..models._error_model import DEFAULT, ErrorModel, accumulation_format, check_model
 from ..result import Gradients, Result
 from ._common import Op, PartSpec, build, check_size, read_grad, zero_nonfinite
 

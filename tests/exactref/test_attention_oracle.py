@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import exactref as er
-from exactref.ops import _attention_second as second
-from exactref.ops import attention
+from exactref.ops.attention import _second as second
+from exactref.ops.attention import op as attention
 
 from ._attention_oracle import Oracle, is_near_boundary, round_to
 
@@ -153,7 +153,7 @@ def test_moderate_sizes_agree_with_the_oracle(fmt, seed):
 
 def _everything_through(monkeypatch, stage):
     """Make the first pass (and, for stage "arb", the second) decide nothing."""
-    from exactref.ops import attention
+    from exactref.ops.attention import op as attention
 
     real = attention.decide
 
@@ -288,7 +288,7 @@ def test_a_float64_output_near_a_midpoint_is_rounded_correctly():
 
 @pytest.mark.parametrize("rels", [(0.0, 2.0 ** -64, 0.0), (2.0 ** -60, 2.0 ** -53, 1e-30), (1e-3, 0.25, 1e-9)])
 def test_composed_relative_errors_do_not_vanish_and_bound_the_ratio(rels):
-    from exactref.ops._attention_first import ratio_error
+    from exactref.ops.attention._first import ratio_error
 
     with mpmath.workprec(300):
         num = mpmath.fprod([1 + mpmath.mpf(r) for r in rels])

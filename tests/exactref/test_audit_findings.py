@@ -158,7 +158,7 @@ def test_cpu_fused_attention_swallows_a_nan_logit_and_exactref_says_so():
     assert fused.item() == 0
     res = er.scaled_dot_product_attention(q.detach(), k, v, is_causal=True)
     assert np.isnan(res.normal).all() and not res.covers(fused).any()
-    from exactref._torch_kernels import EXACTREF_KERNELS
+    from exactref.backends.torch import EXACTREF_KERNELS
 
     audited = EXACTREF_KERNELS("cpu")["scaled_dot_product_attention"]["forward"](q.detach(), k, v, is_causal=True)
     assert torch.isnan(audited).all() and res.covers(audited).all()

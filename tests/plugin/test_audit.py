@@ -25,7 +25,7 @@ def default_audit(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], f
 def test_the_default_audit_covers_every_op_format_and_direction_in_time(default_audit):
     result, elapsed = default_audit
     text = output(result)
-    assert "exactref._torch_kernels (PyTorch" in text and "86 cells" in text
+    assert "exactref.backends.torch (PyTorch" in text and "86 cells" in text
     for op, formats in [("matmul", 6), ("gemm", 6), ("add", 6), ("multiply", 6), ("sum", 6),
                         ("scaled_dot_product_attention", 4), ("matrix_exp", 6)]:
         rows = re.findall(rf"^{op} +\S+ +(forward|backward) +\d+ ", text, re.M)
@@ -78,7 +78,7 @@ def test_the_audit_is_reproducible_with_a_seed(repo: Repo):
 def test_report_writes_its_file_with_plots(repo: Repo, tmp_path, suffix):
     pytest.importorskip("matplotlib")
     target = tmp_path / f"audit{suffix}"
-    result = repo.audit("--kernels", "exactref._torch_kernels", "--ops", "matmul,sum", "--dtypes", "float32",
+    result = repo.audit("--kernels", "exactref.backends.torch", "--ops", "matmul,sum", "--dtypes", "float32",
                         "--examples", "10", "--seed", "1", "--report", str(target))
     assert result.returncode == 0, output(result)
     text = target.read_text()
@@ -129,7 +129,7 @@ def test_bad_flags_are_clear_errors(repo: Repo, args, message):
 def test_the_installed_command_runs(repo: Repo):
     command = shutil.which("exactref")
     assert command, "the exactref console script is not installed (pip install -e .)"
-    result = repo.command(command, "audit", "--kernels", "exactref._torch_kernels", "--ops", "sum",
+    result = repo.command(command, "audit", "--kernels", "exactref.backends.torch", "--ops", "sum",
                           "--dtypes", "float64", "--examples", "5", "--seed", "0")
     assert result.returncode == 0, output(result)
     assert "PASSED: no mismatches." in result.stdout

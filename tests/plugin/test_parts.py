@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import exactref as er
 import strategies as sx
-from exactref._cases import (
+from exactref.harness.cases import (
     CaseFileError,
     SavedCase,
     decode_value,
@@ -25,10 +25,10 @@ from exactref._cases import (
     suite_content,
     write_case,
 )
-from exactref._config import ConfigError, build
-from exactref._judge import DtypeMismatchError, ExceptionGroup, MissingGradientError, judge, keyed
-from exactref._kernels import KernelOutputError, KernelRaisedError, load_kernels
-from exactref._standalone import standalone_test
+from exactref.harness.config import ConfigError, build
+from exactref.harness.judge import DtypeMismatchError, ExceptionGroup, MissingGradientError, judge, keyed
+from exactref.harness.kernels import KernelOutputError, KernelRaisedError, load_kernels
+from exactref.harness.standalone import standalone_test
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -249,7 +249,7 @@ def _sum(x, axis=None, keepdims=False):
 
 
 def _cell(module, forward, fmt="float32"):
-    from exactref._suite import cells
+    from exactref.harness.suite import cells
 
     kernels = load_kernels(module(EXACTREF_KERNELS={"sum": {"forward": forward, "arrays": "numpy",
                                                             "formats": [fmt]}}))
@@ -257,7 +257,7 @@ def _cell(module, forward, fmt="float32"):
 
 
 def test_the_search_steers_by_the_worst_error_to_tolerance_ratio(module, monkeypatch):
-    import exactref._suite as suite
+    import exactref.harness.suite as suite
 
     seen = []
     monkeypatch.setattr(suite, "target", lambda value, label: seen.append((label, value)))
@@ -270,7 +270,7 @@ def test_the_search_steers_by_the_worst_error_to_tolerance_ratio(module, monkeyp
 
 
 def test_a_search_cut_short_keeps_the_smallest_failing_case_of_each_kind(module):
-    import exactref._suite as suite
+    import exactref.harness.suite as suite
 
     def off_by_one(x, axis=None, keepdims=False):
         return (_sum(x, axis, keepdims) + 1).astype(x.dtype)

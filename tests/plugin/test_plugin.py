@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from exactref._cases import read_case
+from exactref.harness.cases import read_case
 
 from .conftest import Repo, output
 

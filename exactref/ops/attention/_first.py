@@ -28,8 +28,8 @@ import math
 
 import numpy as np
 
-from ..engine.fast import gamma, matmul_sliced, two_prod, two_sum, up
-from ._attention_problem import Problem
+from ...engine.fast import gamma, matmul_sliced, two_prod, two_sum, up
+from ._problem import Problem
 
 __all__ = ["FirstPass"]
 

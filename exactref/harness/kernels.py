@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import formats
+from .. import formats
 
 __all__ = [
     "AUTOGRAD",
@@ -305,7 +305,7 @@ def to_torch(value: Any, device: Any, *, requires_grad: bool = False) -> Any:
 
 def to_numpy(value: Any) -> Any:
     """A numpy copy of a torch tensor on any device; numpy arrays and others unchanged."""
-    from ._convert import _is_torch, _torch_to_numpy
+    from .._convert import _is_torch, _torch_to_numpy
 
     return _torch_to_numpy(value) if _is_torch(value) else value
 

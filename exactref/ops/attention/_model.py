@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.fast import gamma, up
-from ..formats import FLOAT32, Format
-from ._attention_first import FirstPass, _cat_cols, _cat_rows_t, expm1_up, matmul_up
+from ...engine.fast import gamma, up
+from ...formats import FLOAT32, Format
+from ._first import FirstPass, _cat_cols, _cat_rows_t, expm1_up, matmul_up
 
 __all__ = ["AttentionTolerance", "backward_tolerance", "forward_tolerance"]
 

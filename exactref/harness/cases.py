@@ -89,7 +89,7 @@ def _element(v: Any, kind: str) -> Any:
 def encode_value(value: Any) -> Any:
     """A JSON-ready, exact form of an array, a Python scalar, a tuple, or an OpCase."""
     if isinstance(value, np.ndarray) or type(value).__module__.startswith("torch"):
-        from ._kernels import to_numpy
+        from .kernels import to_numpy
 
         a = to_numpy(value)
         kind = "f" if a.dtype.name == "bfloat16" else a.dtype.kind
@@ -153,7 +153,7 @@ _INTEGER_DTYPES = tuple(f"{sign}int{bits}" for sign in ("", "u") for bits in (8,
 
 
 def _decode_array(data: dict[str, Any], where: str) -> np.ndarray:
-    from .formats import FORMATS
+    from ..formats import FORMATS
 
     dtype, shape = data.get("dtype"), data.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):

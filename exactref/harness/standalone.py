@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._cases import SavedCase, flatten
+from .cases import SavedCase, flatten
 
 __all__ = ["standalone_test"]
 
@@ -80,7 +80,7 @@ def _suite_test(saved: SavedCase, header: list[str], kernels: str | None) -> str
     case = data["case"]
     header += [f"It needs exactref and the kernel module {module}, not Hypothesis.", '"""', ""]
     lines = [*header, "import numpy as np", "", "import exactref as er",
-             "from exactref._judge import judge", "from exactref._kernels import load_kernels", "",
+             "from exactref.harness.judge import judge", "from exactref.harness.kernels import load_kernels", "",
              "# The inputs exactly, as hex floats"]
     for name, value in case["inputs"].items():
         lines.append(f"{name} = {_code(value)}")

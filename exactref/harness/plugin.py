@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from ._cases import (
+from ..errors import MismatchError, ReferenceUnavailableError
+from .cases import (
     CaseFileError,
     SavedCase,
     arguments_of_test,
@@ -22,10 +23,9 @@ from ._cases import (
     scan,
     write_case,
 )
-from ._config import Config
-from ._judge import add_note, describe_inputs, first_line, flatten, is_keyed, judge, keyed
-from ._kernels import Kernel, device_problem, ensure_importable, load_kernels
-from .errors import MismatchError, ReferenceUnavailableError
+from .config import Config
+from .judge import add_note, describe_inputs, first_line, flatten, is_keyed, judge, keyed
+from .kernels import Kernel, device_problem, ensure_importable, load_kernels
 
 __all__ = ["Session"]
 
@@ -85,7 +85,7 @@ class SuiteItem(_Item):
     def runtest(self) -> None:
         from hypothesis import settings
 
-        from ._suite import run_cell
+        from .suite import run_cell
 
         cfg = self.plugin.cfg
         run = run_cell(self.cell, base=settings.default, examples=cfg.examples, device=cfg.device,
@@ -186,7 +186,7 @@ class Session:
                f"{run.examples} examples passed first\n\n" + "\n\n".join(blocks)
 
     def _save_suite_case(self, item: SuiteItem, run: Any, exc: BaseException) -> str:
-        from ._suite import suite_case
+        from .suite import suite_case
 
         content = suite_case(run, exc, test=item.nodeid, kernels=str(self.cfg.kernels))
         if content is None:
@@ -276,7 +276,7 @@ class Session:
         if self.cfg.regressions is not None:
             front += self._replays(parent, items, replay_suite=self.cfg.suite or not explicit)
         if self.cfg.suite and suite_ready:
-            from ._suite import cells
+            from .suite import cells
 
             for cell in cells(self.kernels, ops=self.cfg.ops, formats=self.cfg.formats):
                 front.append(SuiteItem.from_parent(parent, name=cell.name, cell=cell, plugin=self))

@@ -33,11 +33,11 @@ from typing import Any
 import flint
 import numpy as np
 
-from ..engine.certified import START_PRECISION, Decision, precision, round_certified
-from ..engine.exact import exact_dot_rows
-from ..formats import Format
-from ._attention_first import FirstPass
-from ._attention_problem import Problem
+from ...engine.certified import START_PRECISION, Decision, precision, round_certified
+from ...engine.exact import exact_dot_rows
+from ...formats import Format
+from ._first import FirstPass
+from ._problem import Problem
 
 __all__ = ["Refiner"]
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ._cases import hex_float
-from ._kernels import Kernel, KernelOutputError, KernelRaisedError, call_kernel
-from .errors import MismatchError, OutOfToleranceError, ShapeMismatchError, SpecialValueError
+from ..errors import MismatchError, OutOfToleranceError, ShapeMismatchError, SpecialValueError
+from .cases import hex_float
+from .kernels import Kernel, KernelOutputError, KernelRaisedError, call_kernel
 
 if sys.version_info >= (3, 11):
     import builtins
@@ -157,7 +157,7 @@ def _show_array(a: np.ndarray) -> str:
 
 
 def _show(value: Any) -> str:
-    from ._kernels import to_numpy
+    from .kernels import to_numpy
 
     value = to_numpy(value)
     if isinstance(value, np.ndarray):

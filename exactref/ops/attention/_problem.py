@@ -23,8 +23,8 @@ from typing import Any
 import flint
 import numpy as np
 
-from .._convert import _plain, operand, values_of
-from ..formats import ComplexFormat, Format
+from ..._convert import _plain, operand, values_of
+from ...formats import ComplexFormat, Format
 
 __all__ = ["Problem", "Scale", "read_problem"]
 

@@ -3,7 +3,7 @@
 Shared by the pytest plugin (one test item per cell) and ``exactref audit``
 (one table row per cell).  A cell draws its cases from the strategy that the
 ``strategies`` registry hands out for the op (a kernel repository's own, when
-it registered one), judges the kernel on each with :func:`exactref._judge.judge`,
+it registered one), judges the kernel on each with :func:`exactref.harness.judge.judge`,
 and steers the search with ``hypothesis.target`` toward the worst
 error/tolerance ratio, so that near misses are pushed over the line.
 """
@@ -21,12 +21,13 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings, target
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
-from ._judge import BaseExceptionGroup, first_line, is_keyed, judge
+from ..errors import ReferenceUnavailableError
+from .judge import BaseExceptionGroup, first_line, is_keyed, judge
+
 # Under this name: the test body in run_cell uses it, and Hypothesis derives a derandomized
 # run's seed from that body's source, on which docs/plugin.md's printed example depends.
-from ._judge import flatten as _flatten
-from ._kernels import Kernel, kernel_formats
-from .errors import ReferenceUnavailableError
+from .judge import flatten as _flatten
+from .kernels import Kernel, kernel_formats
 
 __all__ = ["Cell", "CellRun", "cells", "run_cell", "strategy_source", "suite_case"]
 
@@ -125,7 +126,7 @@ class _OutOfTime(BaseException):
 
 def _size(case: Any) -> tuple[int, int]:
     """How big a case is, for keeping the smallest failing case of a run cut short."""
-    from ._cases import encode_case
+    from .cases import encode_case
 
     arrays = [v for v in (*case.inputs.values(), *case.kwargs.values(), case.grad) if hasattr(v, "size")]
     return sum(int(a.size) for a in arrays), len(json.dumps(encode_case(case.op, case.inputs, case.kwargs,
@@ -252,7 +253,7 @@ def audit_settings() -> settings:
 def suite_case(run: CellRun, exc: BaseException, *, test: str, kernels: str) -> dict[str, Any] | None:
     """The regression-case content of one failure of a cell's run, or None when the failure is not a
     mismatch of the kernel (and so has no case to replay).  ``kernels`` names the kernel module."""
-    from ._cases import suite_content
+    from .cases import suite_content
 
     case = getattr(exc, "_exactref_case", None)
     if case is None or not is_keyed(exc):

@@ -20,7 +20,7 @@ The backward returns ``grad_query = s dS K``, ``grad_key = s dS^T Q`` and
 of its operand and rounded once.  A float mask gets no gradient.
 
 How each element is decided (first pass, Arb, exact analysis) is in
-``_attention_certified``; the tolerance models are in ``_attention_model``
+``_certified``; the tolerance models are in ``_model``
 and derived in docs/attention.md.
 """
 
@@ -31,15 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from ..formats import Format
-from ..result import Gradients, Result, judge
-from ..rounding import decide, next_down, next_up
-from . import _attention_second as second
-from ._attention_certified import Refiner
-from ._attention_first import FirstPass
-from ._attention_model import AttentionTolerance, backward_tolerance, forward_tolerance
-from ._attention_problem import Problem, ieee_math_path, read_problem
-from ._common import Op, read_grad
+from ...formats import Format
+from ...result import Gradients, Result, judge
+from ...rounding import decide, next_down, next_up
+from .._common import Op, read_grad
+from . import _second as second
+from ._certified import Refiner
+from ._first import FirstPass
+from ._model import AttentionTolerance, backward_tolerance, forward_tolerance
+from ._problem import Problem, ieee_math_path, read_problem
 
 __all__ = ["AttentionAlgorithm", "AttentionTolerance", "scaled_dot_product_attention"]
 

@@ -25,9 +25,9 @@ import math
 import mpmath
 import numpy as np
 
-from ..engine.fast import up
-from ._attention_first import TINY, FirstPass, expm1_up, ratio_error
-from ._attention_problem import Problem
+from ...engine.fast import up
+from ._first import TINY, FirstPass, expm1_up, ratio_error
+from ._problem import Problem
 
 __all__ = ["SecondPass", "available"]
 

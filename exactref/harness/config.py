@@ -132,7 +132,7 @@ def build(root: Path, table: dict[str, Any] | None, options: dict[str, Any]) -> 
     if not isinstance(suite, bool):
         raise ConfigError(f"suite = {suite!r} ({origin('suite')}) must be true or false")
     cfg.suite = suite
-    from ._kernels import FORMATS, OP_INPUTS
+    from .kernels import FORMATS, OP_INPUTS
 
     cfg.ops = _known("ops", merged.get("ops"), origin("ops"), "an op", tuple(OP_INPUTS))
     cfg.formats = _known("formats", merged.get("formats"), origin("formats"), "a format", FORMATS)

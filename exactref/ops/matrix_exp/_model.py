@@ -61,9 +61,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..engine.fast import gamma
-from ..formats import FLOAT32, FLOAT64, Format
-from ..rounding import next_up, round_float64
+from ...engine.fast import gamma
+from ...formats import FLOAT32, FLOAT64, Format
+from ...rounding import next_up, round_float64
 
 __all__ = ["DEGREES", "Scheme", "mexp_tolerance", "scheme_constants", "select"]
 

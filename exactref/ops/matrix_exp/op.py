@@ -19,7 +19,7 @@ produce (every imaginary part of exp(A) for a real A, the real part of
 An element that is zero by cancellation has a ball around zero at every
 precision and raises ReferenceUnavailableError at the cap.
 
-The tolerance is the running error bound of ``_mexp_model`` for PyTorch's
+The tolerance is the running error bound of ``_model`` for PyTorch's
 algorithm; a 1 x 1 forward is ``torch.exp`` (PyTorch's shortcut), whose
 tolerance is a few ulps.  matrix_exp has no canonical evaluation and so no
 normal answer; what covers() accepts for non-finite inputs and for overflow
@@ -36,13 +36,13 @@ from typing import Any
 import flint
 import numpy as np
 
-from .._convert import Operand, operand, values_of
-from ..engine.certified import MAX_PRECISION, round_certified
-from ..errors import ReferenceUnavailableError
-from ..formats import ComplexFormat, Format, part_of
-from ..result import Gradients, Result, judge
-from ._common import Op, check_size, read_grad
-from ._mexp_model import mexp_tolerance
+from ..._convert import Operand, operand, values_of
+from ...engine.certified import MAX_PRECISION, round_certified
+from ...errors import ReferenceUnavailableError
+from ...formats import ComplexFormat, Format, part_of
+from ...result import Gradients, Result, judge
+from .._common import Op, check_size, read_grad
+from ._model import mexp_tolerance
 
 __all__ = ["PYTORCH_MEXP", "MatrixExpModel", "matrix_exp", "matrix_exp_frechet"]
 

@@ -1,0 +1,24 @@
+"""Error models: the algorithm classes that tolerances are computed for.
+
+``er.models.DEFAULT`` is PyTorch's CPU kernels; the other presets and
+:class:`ErrorModel` describe other classes.  The formulas behind every model
+are derived in ``docs/tolerance-models.md``.
+"""
+
+from ._error_model import (
+    BF16_MATMUL,
+    DEFAULT,
+    PYTORCH_AUTOGRAD,
+    REDUCED_PRECISION_REDUCTION,
+    TF32_MATMUL,
+    ErrorModel,
+)
+
+__all__ = [
+    "BF16_MATMUL",
+    "DEFAULT",
+    "PYTORCH_AUTOGRAD",
+    "REDUCED_PRECISION_REDUCTION",
+    "TF32_MATMUL",
+    "ErrorModel",
+]

@@ -1,0 +1,94 @@
+"""The bounds the error models are built from, as functions of the sums of |terms|.
+
+The derivations are in ``docs/tolerance-models.md``.  Every function returns
+float64 bounds rounded upwards (``up``), so that a bound computed in float64
+is never smaller than the real number it stands for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..engine.fast import gamma, up
+from ..formats import Format
+from ..rounding import round_float64
+
+__all__ = [
+    "dot_error",
+    "overflow_possible",
+    "partials_error",
+    "products_exact",
+    "products_may_underflow",
+    "scalar_error",
+    "widening_error",
+]
+
+
+def products_exact(p_in: int, acc: Format) -> bool:
+    return 2 * p_in <= acc.p
+
+
+def products_may_underflow(fin: Format, acc: Format) -> bool:
+    return 2 * (fin.emin - fin.p + 1) < acc.emin
+
+
+def dot_error(S: np.ndarray, *, depth: int, acc: Format, out: Format, terms: int = 0,
+              underflow: bool = False) -> np.ndarray:
+    """Bound on |computed - exact| before the final rounding to ``out``.
+
+    ``depth`` is the number of roundings in ``acc`` along any term's path
+    (additions, rounded products, scalar multiplies).  When ``acc`` is the
+    output format, the last of them *is* the final rounding and is budgeted
+    by the acceptance interval instead.  ``underflow`` adds half a subnormal
+    spacing of ``acc`` per term for products that may underflow.
+    """
+    k = depth - 1 if acc == out else depth
+    E = gamma(max(k, 0), acc.unit_roundoff) * S if k > 0 else np.zeros_like(S)
+    # An underflowing rounding breaks the relative bound, unless it is the final rounding itself.
+    underflow = bool(underflow and terms and (k > 0 or acc != out))
+    if underflow:
+        E = E + terms * acc.min_subnormal
+    return up(E) if k > 0 or underflow else E
+
+
+def overflow_possible(S: np.ndarray, acc: Format, depth: int = 1) -> np.ndarray:
+    """Where a partial result in ``acc`` may overflow although the exact value need not."""
+    return S * (1 + gamma(max(depth, 1), acc.unit_roundoff)) >= acc.max_finite
+
+
+def partials_error(S: np.ndarray, *, copies: int, per_copy_depth: int, acc: Format, out: Format) -> np.ndarray:
+    """Bound for ``copies`` partial results, each rounded to ``out``, then summed in ``acc``.
+
+    This is PyTorch's autograd for a broadcast operand: a per-copy product
+    (``per_copy_depth`` roundings in ``acc``) is stored in the output dtype,
+    and ``sum_to_size`` adds the copies.  S bounds the sum of |terms| over
+    all copies.
+    """
+    u_out = out.unit_roundoff
+    if acc == out:
+        f1 = gamma(per_copy_depth, acc.unit_roundoff)
+    else:
+        g = gamma(per_copy_depth, acc.unit_roundoff)
+        f1 = g + u_out * (1 + g)
+    k2 = copies - 2 if acc == out else copies - 1
+    g2 = gamma(max(k2, 0), acc.unit_roundoff) if k2 > 0 else 0.0
+    E = (f1 + g2 * (1 + f1)) * S + copies * out.min_subnormal
+    return up(E)
+
+
+def widening_error(E: np.ndarray, S: np.ndarray, via: Format, target: Format) -> np.ndarray:
+    """Add the rounding to ``via`` of a result later widened to ``target`` (exactly), if ``via`` is narrower."""
+    if via.p >= target.p:
+        return E
+    return up(E + via.unit_roundoff * (S + E) + via.min_subnormal)
+
+
+def scalar_error(value: float | complex, fmt: Format) -> float:
+    """|value - value rounded to fmt| for a Python scalar (each part, summed, for complex)."""
+    total = 0.0
+    for part in (value.real, value.imag) if isinstance(value, complex) else (value,):
+        r = float(round_float64(np.asarray(part, dtype=np.float64), fmt))
+        total += abs(part - r) if math.isfinite(r) else math.inf
+    return total
