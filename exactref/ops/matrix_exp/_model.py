@@ -42,8 +42,15 @@ bound past degree 40).  The squaring phase then runs the product rule with
 scheme's coefficients have mixed signs, so its own M can exceed exp(|B|)
 several times, and the squarings would raise that to the power 2**s); the
 final D bounds ``|computed - exp(A)|``.
-All bound arithmetic is float64 rounded upward; where it overflows the
-tolerance is infinite.
+That starting M is also capped by exp(W), W = |B| off the diagonal and
+Re(b_ii) on it (``_exp_majorant``), so a negative diagonal stays small
+through the squarings.  All bound arithmetic is float64 rounded upward, with
+0 * inf taken as 0 in its products (``_mm``: a zero bound is an exact zero of
+the kernel), so an overflow in one block of A neither reaches another block
+nor a structural zero.  Where it overflows the tolerance is infinite, and
+``_log2_squarings`` reruns the squarings on rescaled bounds to give log2 of
+it, so that op.py can reject finite values for exact values past the range.
+The derivation is on ``docs/matrix-exp.md``.
 
 PyTorch picks the scheme and s from the 1-norm it computes in the format;
 that norm can differ from the exact one by a relative gamma_(n+2), so every
@@ -242,6 +249,23 @@ def truncation_coefficients(k: Scheme, degree: int) -> tuple[float, ...]:
     return tuple(out)
 
 
+def _mm(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """``X @ Y`` for nonnegative bounds, with 0 * inf taken as 0.
+
+    A zero bound H (or M, or D) is an entry the kernel computes as exactly 0
+    (where it computes a finite value at all; a non-finite one is O's
+    business), and a finite value times an exact 0 is an exact 0.  So a bound
+    that overflowed to inf in one block of A does not spill into another.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        Xi, Yi = np.isinf(X), np.isinf(Y)
+        if not (Xi.any() or Yi.any()):
+            return X @ Y
+        P = np.where(Xi, 0.0, X) @ np.where(Yi, 0.0, Y)
+        hit = Xi.astype(np.float64) @ (Y > 0).astype(np.float64) + (X > 0).astype(np.float64) @ Yi.astype(np.float64)
+        return np.where(hit > 0, np.inf, P)
+
+
 @dataclass
 class _Bound:
     M: np.ndarray  # >= |exact-arithmetic value|
@@ -282,6 +306,7 @@ class _BoundOps(_Ops):
         self.big = fmt.max_finite
         # Float64 rounding of the bound arithmetic itself, for sums of up to 2n nonnegative terms.
         self.fudge = 1 + (4 * n + 32) * 2.0 ** -52
+        self.tiny = 2 * n * FLOAT64.min_subnormal
         self.I = np.eye(n)
         self.no = np.zeros((n, n), dtype=bool)
 
@@ -292,15 +317,18 @@ class _BoundOps(_Ops):
     def eye(self) -> _Bound:
         return _Bound(self.I, np.zeros((self.n, self.n)), self.no)
 
-    def mm(self, X: _Bound, Y: _Bound) -> _Bound:
+    def mm(self, X: _Bound, Y: _Bound, unit: int = 0) -> _Bound:
+        """Z = X Y; ``unit``: X and Y are bounds divided by 2**(unit / 2), so Z is one divided by 2**unit."""
+        tiny, eta_mm = _in_units(self.tiny, unit), _in_units(self.eta_mm, unit)
         with np.errstate(over="ignore", invalid="ignore"):
             HX, HY = X.H, Y.H
-            S = (HX @ HY) * self.fudge
-            M = (X.M @ Y.M) * self.fudge
+            S = _mm(HX, HY) * self.fudge
             # Where the float64 bound S underflows to 0 the kernel's sum may still round: test
             # for a nonzero term structurally, not by S.
             reach = ((HX > 0).astype(np.float64) @ (HY > 0).astype(np.float64)) > 0
-            D = X.D @ HY + X.M @ Y.D + self.g_mm * S + np.where(reach, self.eta_mm, 0.0)
+            # The float64 products of M may underflow to 0 where |X Y| is not 0.
+            M = _mm(X.M, Y.M) * self.fudge + np.where(reach, tiny, 0.0)
+            D = _mm(X.D, HY) + _mm(X.M, Y.D) + self.g_mm * S + np.where(reach, eta_mm, 0.0)
             # A non-finite entry of X spoils its whole row of the product, one of Y its column.
             O = X.O.any(axis=-1)[:, None] | Y.O.any(axis=-2)[None, :] | (S * (1 + self.g_mm) >= self.big)
         return _Bound(M, self._clean(D), O)
@@ -325,6 +353,40 @@ class _BoundOps(_Ops):
             D = X.D + Y.D + self.u * S
             O = X.O | Y.O | (S * (1 + self.u) >= self.big)
         return _Bound((X.M + Y.M) * self.fudge, self._clean(D), O)
+
+
+def _in_units(x: float, unit: int) -> float:
+    """An absolute error x in units of 2**unit, rounded up and never to 0."""
+    if not unit:
+        return x
+    with np.errstate(over="ignore"):
+        return max(float(next_up(np.float64(math.ldexp(x, -unit)))), FLOAT64.min_subnormal)
+
+
+def _scaled_down(X: np.ndarray, k: int) -> np.ndarray:
+    """An upper bound on X / 2**k that is 0 only where X is."""
+    return np.where(X > 0, np.maximum(next_up(np.ldexp(X, -k)), FLOAT64.min_subnormal), 0.0)
+
+
+def _log2_squarings(X: _Bound, s: int, ops: _BoundOps) -> np.ndarray:
+    """An upper bound on log2 of the D that s squarings of X give, also where D overflows float64.
+
+    The same product rule runs on X / 2**e, with e renormalised after each
+    squaring so that the largest bound stays below 1; the absolute terms of the
+    rule are divided by 2**e as well.  Entries far below the largest lose
+    their bound to the 2**-1074 floor, so this only serves entries whose
+    plain float64 bound is infinite.
+    """
+    e = 0
+    for _ in range(s):
+        X = ops.mm(X, X, unit=2 * e)
+        e *= 2
+        top = float(np.max(X.H)) if X.H.size else 0.0
+        k = math.frexp(top)[1] if 0 < top < math.inf else 0
+        X = _Bound(_scaled_down(X.M, k), _scaled_down(X.D, k), X.O)
+        e += k
+    with np.errstate(divide="ignore"):
+        return np.log2(X.D) + 1e-9 * (1 + abs(e)) + e
 
 
 def _reach(absB: np.ndarray) -> np.ndarray:
@@ -356,6 +418,26 @@ def _series(coefs: Sequence[float], MB: np.ndarray, fudge: float) -> np.ndarray:
 
 
 _EXP_COEFFICIENTS = tuple(float(next_up(np.float64(1 / math.factorial(j)))) for j in range(_TAIL_DEGREE + 1))
+
+
+def _exp_majorant(MB: np.ndarray, dB: np.ndarray, fudge: float) -> np.ndarray:
+    """Elementwise bound on |exp(B)| for |B| <= MB off the diagonal and Re(b_ii) <= dB_i.
+
+    |exp(B)| <= exp(W), W the Metzler matrix with W_ii = dB_i and W_ij = MB_ij
+    (comparison of x' = Bx with y' = Wy: d|x_i|/dt <= Re(b_ii)|x_i| + sum_j |b_ij||x_j|).
+    exp(W) = e^-c exp(W + cI) with W + cI >= 0, which _series bounds.  Unlike
+    exp(|B|), this keeps exp(B)^(2^s) small where the diagonal is negative:
+    diag(1e4, -1e4) gets e^-1e4, not e^1e4, at (1, 1).
+    """
+    n = MB.shape[0]
+    if not n:
+        return MB.copy()
+    c = max(0.0, -float(np.min(dB)))
+    W = MB.copy()
+    np.fill_diagonal(W, np.maximum(next_up(dB + c), 0.0))
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = _series(_EXP_COEFFICIENTS, W, fudge) * (math.exp(-c) * (1 + 2.0 ** -50))
+    return np.where(np.isnan(out), np.inf, out)
 
 
 def select(norm_lo: float, norm_hi: float, k: Scheme, u: float, *, batched: bool) -> list[tuple[int, int]]:
@@ -392,13 +474,21 @@ def select(norm_lo: float, norm_hi: float, k: Scheme, u: float, *, batched: bool
     return out + [(18, s) for s in range(lo, hi + 1)]
 
 
-def mexp_tolerance(absA: np.ndarray, fmt: Format, complex_: bool, *, batched: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(E, O) for one finite n x n matrix with ``|A| <= absA``: E bounds |computed - exp(A)|, O marks
-    entries where a partial result may overflow, so that NaN or infinity is possible."""
+def mexp_tolerance(absA: np.ndarray, fmt: Format, complex_: bool, *, batched: bool,
+                   diag: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(E, O, L) for one finite n x n matrix with ``|A| <= absA``: E bounds |computed - exp(A)|, O marks
+    entries where a partial result may overflow, so that NaN or infinity is possible, and
+    ``2**L >= E`` also where E overflows float64 (L is inf where nothing bounds E).
+
+    ``diag`` bounds the real parts of A's diagonal from above (``diag(absA)`` when not given); with
+    it, the squarings use the sign-aware bound of :func:`_exp_majorant` on |exp(A / 2^s)|.
+    Entries no path of A's graph reaches get E = 0 at any norm.
+    """
     n = absA.shape[0]
     k = scheme_constants(fmt)
     u = fmt.unit_roundoff
     ops = _BoundOps(fmt, complex_, n)
+    diag = np.diagonal(absA).copy() if diag is None else np.asarray(diag, dtype=np.float64)
     col = absA.sum(axis=0)
     # The computed norm: abs, a sum of n terms and a max, in the format.
     eps = gamma(n + 2, u)
@@ -406,10 +496,12 @@ def mexp_tolerance(absA: np.ndarray, fmt: Format, complex_: bool, *, batched: bo
     norm_hi = norm * (1 + eps) * ops.fudge
     norm_lo = norm * (1 - eps) / ops.fudge
     E = np.zeros((n, n))
+    L = np.full((n, n), -np.inf)
     O = np.zeros((n, n), dtype=bool)
     candidates = select(norm_lo, norm_hi, k, u, batched=batched)
     if not candidates or max(s for _, s in candidates) > _MAX_SQUARINGS:
-        return np.full((n, n), np.inf), np.ones((n, n), dtype=bool)
+        E = np.where(_reach(absA) > 0, np.inf, 0.0)
+        return E, np.ones((n, n), dtype=bool), np.log2(E)
     eta = _half_spacing(fmt) * ops.cplx
     for degree, s in candidates:
         MB = np.ldexp(absA, -s)
@@ -419,12 +511,19 @@ def mexp_tolerance(absA: np.ndarray, fmt: Format, complex_: bool, *, batched: bo
         P = _evaluate(degree, k, ops, _Bound(MB, DB, ops.no))
         # |P(B) - exp(B)| <= sum_j |p_j - 1/j!| |B|^j: the scheme's truncation error.
         R = _series(truncation_coefficients(k, degree), MB, ops.fudge)
-        # |exp(B)| <= exp(|B|), usually far below P's bound, whose scheme coefficients
+        # |exp(B)| <= exp(W) <= exp(|B|), usually far below P's bound, whose scheme coefficients
         # have mixed signs; the squarings raise this bound to the power 2**s.
-        exp_B = np.minimum(P.M + R, _series(_EXP_COEFFICIENTS, MB, ops.fudge)) * ops.fudge
-        X = _Bound(exp_B, (P.D + R) * ops.fudge, P.O)
+        majorant = np.minimum(_series(_EXP_COEFFICIENTS, MB, ops.fudge),
+                              _exp_majorant(MB, next_up(np.ldexp(diag, -s)), ops.fudge))
+        exp_B = np.minimum(P.M + R, majorant) * ops.fudge
+        X0 = X = _Bound(exp_B, (P.D + R) * ops.fudge, P.O)
         for _ in range(s):
             X = ops.mm(X, X)
+        with np.errstate(divide="ignore"):
+            Lc = np.log2(X.D)
+        if np.isposinf(X.D).any():
+            Lc = np.where(np.isposinf(X.D), _log2_squarings(X0, s, ops), Lc)
         E = np.maximum(E, X.D)
+        L = np.maximum(L, Lc)
         O |= X.O
-    return E, O
+    return E, O, L

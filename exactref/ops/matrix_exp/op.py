@@ -41,6 +41,7 @@ from ...engine.certified import MAX_PRECISION, round_certified
 from ...errors import ReferenceUnavailableError
 from ...formats import ComplexFormat, Format, part_of
 from ...result import Gradients, Result, judge
+from ...rounding import above
 from .._common import Op, check_size, read_grad
 from ._model import mexp_tolerance
 
@@ -232,6 +233,7 @@ def _solve(pb: _Problem, backward: Callable[[Any], Gradients] | None = None) -> 
     rounded, x_lo, x_hi, balls = _certify(pb, finite)
 
     E = np.zeros((b, k, k))
+    L = np.full((b, k, k), -np.inf)
     O = np.zeros((b, k, k), dtype=bool)
     for bi in finite:
         if pb.shortcut:
@@ -240,8 +242,9 @@ def _solve(pb: _Problem, backward: Callable[[Any], Gradients] | None = None) -> 
         absV = np.abs(pb.V[bi])
         if fmt.is_complex:
             absV = absV * (1 + 2.0 ** -51)  # hypot is within an ulp
-        Eb, Ob = mexp_tolerance(absV, pfmt, fmt.is_complex, batched=b > 1)
-        E[bi], O[bi] = Eb[pb.rows, pb.cols], Ob[pb.rows, pb.cols]
+        Eb, Ob, Lb = mexp_tolerance(absV, pfmt, fmt.is_complex, batched=b > 1,
+                                    diag=np.real(np.diagonal(pb.V[bi])))
+        E[bi], O[bi], L[bi] = Eb[pb.rows, pb.cols], Ob[pb.rows, pb.cols], Lb[pb.rows, pb.cols]
     E = np.where(E > 0, E * _SLACK, E)
 
     special, accept_special = _specials(pb, finite_m, x_lo, x_hi, rounded)
@@ -250,6 +253,9 @@ def _solve(pb: _Problem, backward: Callable[[Any], Gradients] | None = None) -> 
     for p in range(parts):
         part = judge(rounded[p], x_lo[p], x_hi[p], E, pfmt, special=special[p], overflow=O)
         part.special_ok |= accept_special
+        _exclude_finite(part, np.isinf(E) & np.isfinite(L), L, lambda idx, p=p: balls.get(
+            int(np.ravel_multi_index(idx, (b, k, k))) * parts + p), pfmt)
+        _finite_tolerance(part, O)
         for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
             setattr(part, name, np.asarray(getattr(part, name)).reshape(out_shape))
         result_parts.append(part)
@@ -262,6 +268,35 @@ def _solve(pb: _Problem, backward: Callable[[Any], Gradients] | None = None) -> 
 
     return _Result(op=pb.name, fmt=fmt, parts=result_parts, model=PYTORCH_MEXP, exact=exact, has_normal=False,
                    backward=backward, no_backward=_NO_BACKWARD, nonfinite=accept_special.reshape(out_shape))
+
+
+def _exclude_finite(part: Any, where: np.ndarray, L: np.ndarray, ball: Callable[[tuple], Any],
+                    pfmt: Format) -> None:
+    """Accept no finite value where E overflowed float64 but 2**L bounds it and exact - 2**L is past the range.
+
+    A computed value that is finite obeys the error bound, so it lies within
+    2**L of the exact value; past max_finite * (1 + 2**(1 - p)) every such
+    value rounds to infinity.  Only +-inf (and NaN where O says so) remain.
+    """
+    limit = flint.arb(pfmt.max_finite) * (1 + flint.arb(2) ** (1 - pfmt.p))
+    for idx in zip(*np.nonzero(where & np.isinf(part.rounded))):
+        x = ball(tuple(int(i) for i in idx))
+        if x is not None and (abs(x).lower() - flint.arb(2) ** flint.arb(float(L[idx]))) > limit:
+            part.lo[idx] = part.hi[idx] = part.rounded[idx]
+
+
+def _finite_tolerance(part: Any, overflow: np.ndarray) -> None:
+    """Where only a possible overflow makes NaN and +-inf acceptable, report the bound on finite values.
+
+    judge() writes inf there; but a finite value must still lie in [lo, hi], and at a
+    structural zero that NaN can reach (0 * inf in a product) the only finite value is 0,
+    so its tolerance stays 0 at any norm.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        tol = np.maximum(part.x_hi - part.lo, part.hi - part.x_lo)
+        # inf - inf: an exact value past the range where only inf is accepted.
+        tol = np.where(np.isnan(tol), np.inf, np.where(tol > 0, above(tol), 0.0))
+    part.tolerance = np.where(overflow, tol, part.tolerance)
 
 
 class _Result(Result):
