@@ -63,6 +63,15 @@ def _rule(part: Part, i: int, g: float, fmt_name: str) -> str | None:
     return None
 
 
+def _typical_line(result: Result, index: tuple[int, ...], got: float, x_mid: float) -> str:
+    """How far the kernel is from one kernel of its declared order on the same inputs."""
+    typical = abs(result._typical(index) - x_mid)
+    order = getattr(result.model, "order", "any")
+    ratio = abs(got - x_mid) / typical if typical else math.inf
+    return (f"      off by {ratio:.3g} typical errors: one {order} kernel, emulated on these inputs, "
+            f"is off by {typical:.3g}")
+
+
 def mismatch_report(result: Result, got: np.ndarray, ok: list[np.ndarray], worst: int) -> tuple[str, list, bool]:
     """Return the report text, the mismatched indices (worst first) and whether any is a special-value miss."""
     fmt = part_of(result.format)
@@ -101,6 +110,8 @@ def mismatch_report(result: Result, got: np.ndarray, ok: list[np.ndarray], worst
         lines.append(f"      exact {describe_exact(exact)}, rounded {_num(r)}, "
                      f"tolerance {float(part.tolerance.flat[i]):.3g}")
         lines.append(f"      off by {ratio:.3g} tolerances, {ulps:+.3g} ulps")
+        if result._typical is not None and len(result._parts) == 1:
+            lines.append(_typical_line(result, index, g, x_mid))
     if len(rows) > worst:
         lines.append(f"  ... and {len(rows) - worst} more")
     return "\n".join(lines), indices, special

@@ -112,8 +112,11 @@ class Result:
 
     def __init__(self, *, op: str, fmt: Format | ComplexFormat, parts: list[Part], model: Any,
                  exact: Callable[[tuple[int, ...]], Any], has_normal: bool = True,
-                 backward: Callable[[Any], Gradients] | None = None, no_backward: str = "") -> None:
+                 backward: Callable[[Any], Gradients] | None = None, no_backward: str = "",
+                 typical: Callable[[tuple[int, ...]], float] | None = None) -> None:
         self.op = op
+        # What one emulated kernel of the model's declared order returns at an element (reports only).
+        self._typical = typical
         self.format = fmt
         self.model = model
         self._parts = parts

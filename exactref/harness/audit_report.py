@@ -39,21 +39,37 @@ def _note(run: Any) -> str:
     return "ok"
 
 
+def _with_typical(runs: Sequence[Any]) -> bool:
+    # The column appears only where some cell's model declares an order (it has a typical kernel).
+    return any(getattr(run, "typical", None) for run in runs)
+
+
+def _header(runs: Sequence[Any]) -> list[str]:
+    header = list(_COLUMNS)
+    if _with_typical(runs):
+        header.insert(header.index("worst err/tol") + 1, "err/typical")
+    return header
+
+
 def _rows(runs: Sequence[Any]) -> list[list[str]]:
     rows = []
+    typical = _with_typical(runs)
     for run in runs:
         c = run.cell
-        rows.append([c.op, c.fmt, c.direction, str(run.examples), str(len(run.failures)),
-                     _ratio(run.worst) if run.ratios else "-", f"{run.seconds:.1f}s", _note(run)])
+        row = [c.op, c.fmt, c.direction, str(run.examples), str(len(run.failures)),
+               _ratio(run.worst) if run.ratios else "-"]
+        if typical:
+            row.append(_ratio(max(run.typical)) if run.typical else "-")
+        rows.append(row + [f"{run.seconds:.1f}s", _note(run)])
     return rows
 
 
 def table(runs: Sequence[Any]) -> str:
     """The audit table, one row per op, format and direction, in fixed-width text."""
-    header = list(_COLUMNS)
+    header = _header(runs)
     rows = _rows(runs)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    right = {3, 4, 5, 6}
+    right = set(range(3, len(header) - 1))
 
     def line(cells: list[str]) -> str:
         pairs = enumerate(zip(cells, widths, strict=True))
@@ -168,7 +184,7 @@ def write_report(path: Path, runs: Sequence[Any], *, kernel_name: str, seed: int
     kind = check_report_path(path)
     status = summary(runs, elapsed, seed)
     plots = {op: _plot(op, op_runs) for op, op_runs in _by_op(runs).items()}
-    header = list(_COLUMNS)
+    header = _header(runs)
     rows = _rows(runs)
     examples = counterexamples(runs).strip()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ own (``except er.OutOfToleranceError`` still catches them).
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,10 +90,16 @@ class Verdict:
     """A case the kernel passed: the worst error/tolerance ratio of each output, by name."""
 
     ratios: dict[str, float] = field(default_factory=dict)
+    # |error| / the error of one emulated kernel of the declared order, at the worst element.
+    typical: dict[str, float] = field(default_factory=dict)
 
     @property
     def worst(self) -> float:
         return max(self.ratios.values(), default=0.0)
+
+    @property
+    def worst_typical(self) -> float | None:
+        return max(self.typical.values()) if self.typical else None
 
 
 def reference(kernel: Kernel, direction: str, fmt: str, inputs: Mapping[str, Any], kwargs: Mapping[str, Any],
@@ -115,9 +122,28 @@ def error_ratio(result: Any, got: np.ndarray) -> float:
 
     An element whose tolerance is 0 counts 0 when it is exact and inf when not.
     """
+    return _worst(result, got)[0]
+
+
+def typical_ratio(result: Any, got: np.ndarray) -> float | None:
+    """At the worst element, |got - exact| / |typical - exact|, where typical is what one emulated
+    kernel of the model's declared order returns (None without a declared order)."""
+    if result._typical is None or len(result._parts) != 1:
+        return None
+    ratio, index = _worst(result, got)
+    if index is None:
+        return None
+    part = result._parts[0]
+    mid = 0.5 * (part.x_lo[index] + part.x_hi[index])
+    err = abs(float(got[index]) - mid)
+    typical = abs(result._typical(index) - mid)
+    return err / typical if typical else (0.0 if err == 0 else math.inf)
+
+
+def _worst(result: Any, got: np.ndarray) -> tuple[float, tuple[int, ...] | None]:
     parts = result._parts
     values = [got] if len(parts) == 1 else [got.real, got.imag]
-    worst = 0.0
+    worst, where = 0.0, None
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for part, g in zip(parts, values, strict=True):
             g = np.asarray(g, dtype=np.float64)
@@ -129,8 +155,11 @@ def error_ratio(result: Any, got: np.ndarray) -> float:
             err = np.abs(g[ok] - mid[ok])
             t = tol[ok]
             r = np.where(t > 0, err / np.where(t > 0, t, 1.0), np.where(err == 0, 0.0, np.inf))
-            worst = max(worst, float(r.max()))
-    return worst
+            if where is None or float(r.max()) > worst:
+                worst = float(r.max())
+                flat = np.flatnonzero(ok.reshape(-1))[int(np.argmax(r))]
+                where = tuple(int(i) for i in np.unravel_index(flat, ok.shape))
+    return worst, where
 
 
 def _show_array(a: np.ndarray) -> str:
@@ -240,6 +269,9 @@ def judge(kernel: Kernel, direction: str, inputs: Mapping[str, Any], kwargs: Map
                              f"exactref's has dtype {result.dtype.name}", None))
             continue
         verdict.ratios[name] = error_ratio(result, value)
+        typical = typical_ratio(result, value)
+        if typical is not None:
+            verdict.typical[name] = typical
         try:
             result.check(value)
         except MismatchError as exc:

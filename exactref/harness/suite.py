@@ -77,6 +77,8 @@ class CellRun:
     examples: int = 0
     unavailable: int = 0
     ratios: list[float] = field(default_factory=list)
+    # err/typical at each example's worst element, for models that declare an order.
+    typical: list[float] = field(default_factory=list)
     failures: list[BaseException] = field(default_factory=list)
     error: BaseException | None = None
     skipped: str = ""
@@ -200,6 +202,8 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
             partial = getattr(exc, "verdict", None)
             if partial is not None:
                 run.ratios.append(partial.worst)
+                if partial.worst_typical is not None:
+                    run.typical.append(partial.worst_typical)
             if not found_at:
                 found_at.append(time.perf_counter())
             if shrink_seconds is not None:
@@ -213,6 +217,8 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
             if on_example is not None:
                 on_example()
         run.ratios.append(verdict.worst)
+        if verdict.worst_typical is not None:
+            run.typical.append(verdict.worst_typical)
         if math.isfinite(verdict.worst):
             target(min(verdict.worst, _TARGET_CAP), label=TARGET_LABEL)
 

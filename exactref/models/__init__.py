@@ -13,6 +13,7 @@ from ._error_model import (
     TF32_MATMUL,
     ErrorModel,
 )
+from ._orders import Blocked
 
 __all__ = [
     "BF16_MATMUL",
@@ -20,5 +21,6 @@ __all__ = [
     "PYTORCH_AUTOGRAD",
     "REDUCED_PRECISION_REDUCTION",
     "TF32_MATMUL",
+    "Blocked",
     "ErrorModel",
 ]

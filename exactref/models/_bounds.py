@@ -14,8 +14,10 @@ import numpy as np
 from ..engine.fast import gamma, up
 from ..formats import Format
 from ..rounding import round_float64
+from ._error_model import ErrorModel
 
 __all__ = [
+    "declared",
     "dot_error",
     "overflow_possible",
     "partials_error",
@@ -32,6 +34,11 @@ def products_exact(p_in: int, acc: Format) -> bool:
 
 def products_may_underflow(fin: Format, acc: Format) -> bool:
     return 2 * (fin.emin - fin.p + 1) < acc.emin
+
+
+def declared(model: ErrorModel) -> bool:
+    """Whether the model asks for more than the bound for any order: a declared order, or a failure rate."""
+    return model.order != "any" or model.failure_rate is not None
 
 
 def dot_error(S: np.ndarray, *, depth: int, acc: Format, out: Format, terms: int = 0,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..formats import BFLOAT16, FLOAT32, TF32, Format
+from ._orders import Order, check_order
 
 __all__ = [
     "BF16_MATMUL",
@@ -55,14 +56,38 @@ class ErrorModel:
         products rounded before broadcast copies are summed (matmul with two
         batched operands, multiply), and alpha applied after the product has
         been rounded (gemm, add).
+    order
+        The summation order of every reduction of the op (matmul's K, sum's
+        axes, the gradients' contractions): ``"any"`` (the default: sound
+        for a kernel whose order is unknown, such as a BLAS), ``"sequential"``,
+        ``"pairwise"`` (numpy's pairwise summation) or ``Blocked(size, inner,
+        splits)`` (a tiled kernel's BLOCK_K loop).  A declared order gets a
+        bound from the exact partial sums of that order, far tighter at
+        large sizes.  Complex ops and the per-copy roundings of
+        ``autograd_roundings`` keep the bound for any order.
+    failure_rate
+        None (the default) for sound bounds.  A number such as ``1e-12``
+        asks for a probabilistic bound instead, that a correct kernel
+        exceeds with at most that probability per element *if* its rounding
+        errors are independent and of mean zero.  That fails for constant or
+        integer data and for stagnating long sums; see
+        ``docs/tolerance-models.md``.  Reports then say "probabilistic".
     """
 
     name: str = "default"
     accumulation: Literal["float32", "input"] = "float32"
     float32_matmul_precision: Literal["highest", "high", "medium"] = "highest"
     autograd_roundings: bool = False
+    order: Order = "any"
+    failure_rate: float | None = None
 
     def __post_init__(self) -> None:
+        check_order(self.order)
+        rate = self.failure_rate
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                                 or not 0 < rate < 1):
+            raise ValueError(f"failure_rate={rate!r} must be None (sound bounds) or a probability "
+                             "between 0 and 1, such as 1e-12")
         if self.accumulation not in _ACCUMULATIONS:
             raise ValueError(f"accumulation={self.accumulation!r} is not one of {_ACCUMULATIONS}")
         if self.float32_matmul_precision not in _PRECISIONS:
@@ -74,7 +99,10 @@ class ErrorModel:
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:
-        return self.name
+        extra = [f"order={self.order}"] if self.order != "any" else []
+        if self.failure_rate is not None:
+            extra.append(f"probabilistic, failure_rate={self.failure_rate:g}")
+        return self.name + (f" ({', '.join(extra)})" if extra else "")
 
 
 #: PyTorch's CPU kernels: float32 accumulation for half types, any summation order.

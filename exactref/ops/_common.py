@@ -144,11 +144,13 @@ class PartSpec:
 
 def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: list[PartSpec],
           model: ErrorModel, *, out_shape: tuple[int, ...] | None = None,
-          backward: Callable[[Any], Gradients] | None = None) -> Result:
+          backward: Callable[[Any], Gradients] | None = None,
+          typical: Callable[[tuple[int, ...]], float] | None = None) -> Result:
     """Solve every part exactly, apply its tolerance and special values, and wrap it as a Result.
 
     The terms are computed in ``shape``; the Result has ``out_shape`` (the
-    same elements in the same order), by default ``shape``.
+    same elements in the same order), by default ``shape``.  ``typical``
+    emulates one kernel of the model's order at an index of ``shape``.
     """
     out_shape = shape if out_shape is None else out_shape
     pfmt = part_of(fmt)
@@ -182,7 +184,12 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
         values = tuple(exact_fraction(ps.terms, shape, flat) for ps in specs)
         return values[0] if len(values) == 1 else values
 
-    return Result(op=op, fmt=fmt, parts=parts, model=model, exact=exact, backward=backward)
+    def typical_at(index: tuple[int, ...]) -> float:
+        flat = int(np.ravel_multi_index(index, out_shape)) if out_shape else 0
+        return typical(tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ())
+
+    return Result(op=op, fmt=fmt, parts=parts, model=model, exact=exact, backward=backward,
+                  typical=typical_at if typical is not None else None)
 
 
 def _share_complex_specials(solved: list) -> None:

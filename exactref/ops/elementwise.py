@@ -305,10 +305,12 @@ def _reduce_grad(op: str, name: str, o: Operand, fmt: Format | ComplexFormat, mo
     out = tpart if tpart.p < gpart.p else gpart
 
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
+        E = dot_error(sol.S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
         if per_copy:
-            E = partials_error(sol.S, copies=copies, per_copy_depth=per_copy_depth, acc=acc, out=gpart)
-        else:
-            E = dot_error(sol.S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
+            E_copies = partials_error(sol.S, copies=copies, per_copy_depth=per_copy_depth, acc=acc, out=gpart)
+            # With autograd_roundings the class is the default's kernels *and* PyTorch's per-copy
+            # ones, so its bound is the larger of the two: budgeting roundings never shrinks it.
+            E = np.maximum(E, E_copies) if product and model.autograd_roundings else E_copies
         E = widening_error(E + rel * sol.S, sol.S, gpart, tpart)
         may_overflow = overflow_possible(sol.S, acc, depth)
         if per_copy or gpart.p < tpart.p:

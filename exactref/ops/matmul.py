@@ -20,9 +20,18 @@ from typing import Any
 import numpy as np
 
 from .._convert import Operand, operand, values_of
+from ..engine.fast import gamma, up
 from ..engine.sumprod import MatmulTerm, RowTerm, Solution, Term
-from ..formats import ComplexFormat, Format, part_of
-from ..models._bounds import dot_error, overflow_possible, partials_error, products_exact, products_may_underflow
+from ..formats import FLOAT64, ComplexFormat, Format, part_of
+from ..models._bounds import (
+    declared,
+    dot_error,
+    overflow_possible,
+    partials_error,
+    products_exact,
+    products_may_underflow,
+)
+from ..models._emulate import emulate
 from ..models._error_model import (
     DEFAULT,
     ErrorModel,
@@ -31,6 +40,7 @@ from ..models._error_model import (
     matmul_input_format,
     opmath_format,
 )
+from ..models._running import DotSource, ordered_error
 from ..result import Gradients, Result
 from ._coef import held, magnitude, read_coefficient, scalar_relative_error, scaled
 from ._common import Op, PartSpec, build, check_size, fold_copies, read_grad, zero_nonfinite
@@ -106,12 +116,15 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
                relative: float = 0.0, rows: tuple[np.ndarray, np.ndarray] | None = None,
                copies: int = 1, per_copy_rounding: bool = False,
                overflow: np.ndarray | None = None, coef: float | complex = 1.0,
-               stored: bool = False, absolute: np.ndarray | float = 0.0) -> Tolerance:
+               stored: bool = False, absolute: np.ndarray | float = 0.0,
+               dot: tuple[np.ndarray, np.ndarray] | None = None) -> Tolerance:
     """Tolerance of an n-term dot product of ``fin`` values accumulated under ``model``, rounded to ``out``.
 
     ``rows`` (sum|a| by row, sum|b| by column) is needed when the model rounds
     float32 inputs to TF32 or bfloat16.  With ``per_copy_rounding`` the sum
-    is ``copies`` partial products, each rounded to ``out`` first.
+    is ``copies`` partial products, each rounded to ``out`` first.  ``dot``
+    (X, Y with the terms ``X[..., i, k] * Y[..., k, j]``, finite) lets a
+    declared order bound the sum from its exact partial sums.
     """
     acc = accumulation_format(model, fin)
     tin = matmul_input_format(model, fin) if rows is not None else None
@@ -128,12 +141,21 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
             u, h = tin.unit_roundoff, tin.min_subnormal / 2
             E_in = (2 * u + u * u) * S + h * ((1 + u) * rows[0] + rows[1])
             S = S * (1 + 3 * u) + E_in
+        E_any = dot_error(S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
         if per_copy_rounding and copies > 1:
             E = partials_error(S, copies=copies, per_copy_depth=per_copy, acc=acc, out=out)
             E = E + dot_error(S, depth=extra_depth + 1, acc=acc, out=out) if extra_depth else E
+            # Kernels of the default's class belong to this class too: never a smaller tolerance.
+            E = np.maximum(E, E_any)
+            may_overflow = overflow_possible(S, acc, depth)
+        elif declared(model) and dot is not None:
+            E, may_overflow = _ordered_dot(dot, S, model, acc, out, n, exact, underflow, extra_depth, coef)
+            if tin is not None:
+                # Every partial sum of the rounded inputs' products is off by at most E_in.
+                E = up(E + gamma(n, acc.unit_roundoff) * E_in * (1 + 3 * tin.unit_roundoff))
         else:
-            E = dot_error(S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
-        may_overflow = overflow_possible(S, acc, depth)
+            E = E_any
+            may_overflow = overflow_possible(S, acc, depth)
         inner = S / magnitude(coef) if coef not in (0, 1, -1) else S
         if coef not in (0, 1, -1):
             # The product may be formed before it is scaled by a small coefficient.
@@ -147,6 +169,27 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
         return E + relative * S if relative else E, may_overflow
 
     return tolerance
+
+
+def _ordered_dot(dot: tuple[np.ndarray, np.ndarray], S: np.ndarray, model: ErrorModel, acc: Format, out: Format,
+                 n: int, exact: bool, underflow: bool, extra_depth: int,
+                 coef: float | complex) -> tuple[np.ndarray, np.ndarray]:
+    """The bound for the model's declared order, then ``extra_depth`` roundings (alpha, + beta C) after it."""
+    X, Y = dot
+    final = acc == out and extra_depth == 0
+    per_term = acc.min_subnormal if underflow and not (n == 1 and final) else 0.0
+    scale = magnitude(coef) if coef != 0 else 1.0
+    # sum|X Y| itself, where S also holds the coefficients and beta * C.
+    S_dot = S if extra_depth == 0 and scale == 1 else \
+        up((np.abs(X) @ np.abs(Y)) * (1 + gamma(n + 2, FLOAT64.unit_roundoff)))
+    E, partial_max = ordered_error(DotSource(X, Y), model.order, acc=acc, S=S_dot, products_rounded=not exact,
+                                   final_is_root=final, underflow=per_term, failure_rate=model.failure_rate)
+    E = scale * E
+    k = extra_depth - (1 if acc == out else 0)
+    if k > 0:
+        # Each later rounding (alpha, adding beta * C) costs at most u times what it rounds.
+        E = up(E + gamma(k, acc.unit_roundoff) * (S + E))
+    return E, scale * partial_max >= acc.max_finite
 
 
 def _alpha_depth(alpha: float | complex) -> int:
@@ -268,14 +311,27 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
         if fmt.is_complex:
             inner = inner * 2
         scaled_overflow = np.broadcast_to(inner * 1.01 >= acc.max_finite, shape2)
+    dot = (zero_nonfinite(A2), zero_nonfinite(B2)) if use_ab and not fmt.is_complex else None
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, rows=rows, overflow=scaled_overflow,
-                     coef=alpha if use_ab and c is not None else 1.0, absolute=scaled_underflow + vanished)
+                     coef=alpha if use_ab and c is not None else 1.0, absolute=scaled_underflow + vanished,
+                     dot=dot)
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
 
     def backward(grad: Any) -> Gradients:
         return _backward(op, a, b, c, grad, fmt, alpha, beta, model)
 
-    return build(op, fmt, shape2, specs, model, out_shape=out_shape, backward=backward)
+    typical = _typical(dot, fin, model) if c is None and rows is None else None
+    return build(op, fmt, shape2, specs, model, out_shape=out_shape, backward=backward, typical=typical)
+
+
+def _typical(dot: tuple[np.ndarray, np.ndarray] | None, fin: Format,
+             model: ErrorModel) -> Callable[[tuple[int, ...]], float] | None:
+    """One kernel of the declared order, emulated at an element, for the report (None: none to emulate)."""
+    if dot is None or not declared(model):
+        return None
+    source, acc = DotSource(*dot), accumulation_format(model, fin)
+    rounded = not products_exact(fin.p, acc)
+    return lambda index: emulate(source.terms_at(index), model.order, acc, fin, rounded)
 
 
 def _fold(X: np.ndarray, Y: np.ndarray, own: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
@@ -359,10 +415,13 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
         inner_overflow = inner * 1.01 >= min(accumulation_format(model, fin).max_finite, fin.max_finite)
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, copies=copies,
                      per_copy_rounding=rounded_partials, overflow=inner_overflow, coef=coef, absolute=absolute,
-                     stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)))
+                     stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)),
+                     dot=None if fmt.is_complex else (zero_nonfinite(Xf), zero_nonfinite(Yf)))
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
+    plain = coef == 1 and not rounded_partials and not fmt.is_complex
+    typical = _typical((zero_nonfinite(Xf), zero_nonfinite(Yf)), fin, model) if plain else None
     return build(f"{op}.backward {name}", fmt, Xf.shape[:-2] + (Xf.shape[-2], Yf.shape[-1]), specs, model,
-                 out_shape=shape)
+                 out_shape=shape, typical=typical)
 
 
 def _grad_scaled_sum(op: str, G: np.ndarray, shape: tuple[int, ...], coef: float | complex,

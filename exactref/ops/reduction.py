@@ -19,8 +19,10 @@ from .._convert import operand, values_of
 from ..engine.fast import up
 from ..engine.sumprod import RowTerm, Solution, Term
 from ..formats import part_of
-from ..models._bounds import dot_error, overflow_possible
+from ..models._bounds import declared, dot_error, overflow_possible
+from ..models._emulate import emulate
 from ..models._error_model import DEFAULT, ErrorModel, accumulation_format, check_model
+from ..models._running import RowSource, ordered_error
 from ..result import Gradients, Result
 from ._common import Op, PartSpec, build, check_size, read_grad, zero_nonfinite
 
@@ -93,15 +95,33 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         E = dot_error(sol.S, depth=n - 1, acc=acc, out=pfmt)
         if threaded:
-            E = up(E + pfmt.unit_roundoff * (sol.S + E) * 2 + n * pfmt.min_subnormal)
+            # A thread's partial sum is rounded to the output format, then the partials are added.
+            # Partial sums of pfmt values are multiples of its smallest subnormal, and so is every
+            # subnormal of pfmt: that rounding never underflows, so it costs u * |partial| alone.
+            E = up(E + pfmt.unit_roundoff * (sol.S + E) * 2)
         return E, overflow_possible(sol.S, acc, n)
 
-    specs = [PartSpec(t, special[p] if special else None, tol) for p, t in enumerate(terms(True))]
+    def ordered_tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
+        E, partial_max = ordered_error(RowSource(zero_nonfinite(moved)), model.order, acc=acc, S=sol.S,
+                                       products_rounded=False, final_is_root=acc == pfmt,
+                                       failure_rate=model.failure_rate)
+        return E, partial_max >= acc.max_finite
+
+    chosen = ordered_tol if declared(model) and not fmt.is_complex else tol
+    specs = [PartSpec(t, special[p] if special else None, chosen) for p, t in enumerate(terms(True))]
 
     def backward(grad: Any) -> Gradients:
         return _backward(o, axes, out_shape, grad, model)
 
-    return build("sum", fmt, moved.shape[:-1], specs, model, out_shape=out_shape, backward=backward)
+    typical = None
+    if declared(model) and not fmt.is_complex:
+        source = RowSource(zero_nonfinite(moved))
+
+        def typical(index: tuple[int, ...]) -> float:
+            return emulate(source.terms_at(index), model.order, acc, pfmt, False)
+
+    return build("sum", fmt, moved.shape[:-1], specs, model, out_shape=out_shape, backward=backward,
+                 typical=typical)
 
 
 def _backward(o: Any, axes: tuple[int, ...], out_shape: tuple[int, ...], grad: Any, model: ErrorModel) -> Gradients:

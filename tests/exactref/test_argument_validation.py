@@ -64,6 +64,13 @@ CASES = [
     (lambda: er.models.ErrorModel(accumulation="float16"), ValueError, r"accumulation='float16' is not one of"),
     (lambda: er.models.ErrorModel(float32_matmul_precision="low"), ValueError,
      r"float32_matmul_precision='low' is not one of"),
+    (lambda: er.models.ErrorModel(order="tree"), ValueError, r"order='tree' is not a summation order"),
+    (lambda: er.models.ErrorModel(order=32), ValueError, r"order=32 is not a summation order.*Blocked"),
+    (lambda: er.models.Blocked(0), ValueError, r"Blocked: size=0 must be a positive int"),
+    (lambda: er.models.Blocked(32, splits=2.0), ValueError, r"Blocked: splits=2.0 must be a positive int"),
+    (lambda: er.models.Blocked(32, inner="random"), ValueError, r"Blocked: inner='random' must be one of"),
+    (lambda: er.models.ErrorModel(failure_rate=0), ValueError, r"failure_rate=0 must be None .* or a probability"),
+    (lambda: er.models.ErrorModel(failure_rate="1e-12"), ValueError, r"failure_rate='1e-12' must be None"),
     (lambda: er.matmul(np.ones((1 << 17, 1), np.float32), np.ones((1, 1 << 17), np.float32)),
      ValueError, r"matmul: the product needs about .* GiB of working memory"),
 ]
