@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import flint
 
@@ -111,13 +112,17 @@ def decide_ball(x: flint.arb, fmt: Format) -> Decision | None:
 
 def round_certified(evaluate: Callable[[Sequence[int]], Sequence[flint.arb]], indices: Sequence[int],
                     fmt: Format, describe: Callable[[int], str], *,
-                    start: int = START_PRECISION, cap: int = MAX_PRECISION) -> dict[int, Decision]:
+                    start: int = START_PRECISION, cap: int = MAX_PRECISION,
+                    decide: Callable[[Any, Format], Decision | None] | None = None) -> dict[int, Decision]:
     """Decide the rounding of each element in ``indices`` by Ziv's strategy.
 
     ``evaluate(indices)`` returns one Arb ball per index, computed at the
     precision currently set by :func:`precision`.  ``describe(index)`` names
-    an element for the error message.
+    an element for the error message.  ``decide`` (default
+    :func:`decide_ball`) may replace the test, for an op whose ``evaluate``
+    returns more than a ball (attention's exact part plus a remainder).
     """
+    decide = decide_ball if decide is None else decide
     out: dict[int, Decision] = {}
     pending = list(indices)
     prec = start
@@ -126,7 +131,7 @@ def round_certified(evaluate: Callable[[Sequence[int]], Sequence[flint.arb]], in
             balls = evaluate(pending)
         undecided = []
         for i, ball in zip(pending, balls):
-            d = decide_ball(ball, fmt)
+            d = decide(ball, fmt)
             if d is None:
                 undecided.append(i)
             else:

@@ -34,6 +34,13 @@ def _to_fraction(x) -> Fraction:
 def round_to(x, fmt: str) -> float:
     """Round an exact Fraction, or an mpf taken as exact, to nearest-even in ``fmt``."""
     p, emin, emax = FORMATS[fmt]
+    if isinstance(x, mpmath.mpf) and x != 0:
+        # Far outside the format (exp(-2**1000), say) the Fraction would not fit in memory.
+        e = int(x._mpf_[2]) + int(x._mpf_[3])  # |x| < 2**e
+        if e < emin - p - 1:
+            return math.copysign(0.0, float(mpmath.sign(x)))
+        if e > emax + 2:
+            return float(mpmath.sign(x)) * math.inf
     q = _to_fraction(x)
     if q == 0:
         return 0.0
@@ -66,8 +73,9 @@ class Oracle:
     """Forward and gradients of one attention call, elementwise, from the definition."""
 
     def __init__(self, q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
-                 bottom_right=False) -> None:
-        mpmath.mp.prec = PREC
+                 bottom_right=False, prec=PREC) -> None:
+        # A value within 2**-prec of a rounding boundary needs more: pass a larger prec.
+        mpmath.mp.prec = prec
         q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
         self.shapes = (q.shape, k.shape, v.shape)
         L, E = q.shape[-2:]
@@ -170,15 +178,17 @@ class Oracle:
         # Each gradient's sum of |terms|, for telling the oracle's own noise from a value.
         mq, mk, mv = (np.zeros(a.shape) for a in (self.q, self.k, self.v))
         sabs = float(abs(_mpf(s))) if not isinstance(s, Fraction) else float(abs(s))
-        for h in range(H):
-            Pf = np.array([[float(abs(_mpf(x))) for x in self._row(h, i)[0]] for i in range(self.L)])
-            vv = np.abs(self.v[self.vn[h]])
-            g_abs = np.abs(G[h])
-            dP_abs = g_abs @ vv.T
-            dS_abs = Pf * (dP_abs + (Pf * dP_abs).sum(-1, keepdims=True))
-            mq[self.qn[h]] += sabs * dS_abs @ np.abs(self.k[self.kn[h]])
-            mk[self.kn[h]] += sabs * dS_abs.T @ np.abs(self.q[self.qn[h]])
-            mv[self.vn[h]] += Pf.T @ g_abs
+        # Over the whole float64 range these magnitudes overflow to inf, which only widens the noise test.
+        with np.errstate(over="ignore", invalid="ignore"):
+            for h in range(H):
+                Pf = np.array([[float(abs(_mpf(x))) for x in self._row(h, i)[0]] for i in range(self.L)])
+                vv = np.abs(self.v[self.vn[h]])
+                g_abs = np.abs(G[h])
+                dP_abs = g_abs @ vv.T
+                dS_abs = Pf * (dP_abs + (Pf * dP_abs).sum(-1, keepdims=True))
+                mq[self.qn[h]] += sabs * dS_abs @ np.abs(self.k[self.kn[h]])
+                mk[self.kn[h]] += sabs * dS_abs.T @ np.abs(self.q[self.qn[h]])
+                mv[self.vn[h]] += Pf.T @ g_abs
         self.magnitudes = {"grad_query": mq.reshape(self.shapes[0]), "grad_key": mk.reshape(self.shapes[1]),
                            "grad_value": mv.reshape(self.shapes[2])}
         for h in range(H):

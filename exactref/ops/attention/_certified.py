@@ -22,6 +22,11 @@ Three steps, cheapest first, for each undecided element:
    when every row it sums has rational weights (all its logits equal); if
    such a sum is exactly a boundary and some row's weights are
    transcendental, the precision cap raises ReferenceUnavailableError.
+
+Past the first precision the Arb values are computed as an exact rational
+part plus a remainder (``_split``), so a value off a boundary, or off zero,
+by far less than 2**-4096 is still decided; at the cap a ball of unknown
+sign proven to round to zero is +0.
 """
 
 from __future__ import annotations
@@ -33,11 +38,18 @@ from typing import Any
 import flint
 import numpy as np
 
-from ...engine.certified import START_PRECISION, Decision, precision, round_certified
+from ...engine.certified import (
+    MAX_PRECISION,
+    START_PRECISION,
+    Decision,
+    precision,
+    round_certified,
+)
 from ...engine.exact import exact_dot_rows
 from ...formats import Format
 from ._first import FirstPass
 from ._problem import Problem
+from ._split import RowSplit, Split, decide_split
 
 __all__ = ["Refiner"]
 
@@ -177,6 +189,7 @@ class Refiner:
         self._exact: dict[tuple[str, int], tuple[str, Any]] = {}
         self._keys: dict[tuple[int, int], list[Any]] = {}
         self._dP: dict[int, tuple[list[list[flint.fmpz]], int]] = {}
+        self._splits: dict[tuple[int, int, int, bool], RowSplit] = {}
 
     # ------------------------------------------------------------------ shapes and names
 
@@ -230,39 +243,10 @@ class Refiner:
             self._heads[key] = _Head(self, h)
         return self._heads[key]
 
-    def _grad_query_pairwise(self, h: int, i: int, c: int) -> flint.arb:
-        """Row i's sum_j dS_ij k_jc as sum_{j<k} P_ij P_ik (dP_ij - dP_ik)(k_jc - k_kc).
-
-        The same value as the direct sum (the weights sum to 1), but with the
-        differences exact: where two dominant keys share k_jc, the direct sum
-        cancels to far below its terms and no working precision recovers it.
-        """
-        head = self._head(h)
-        head.weights([i])
-        P = head.P[i]
-        ints, base = self._dP_head(h)
-        live = [j for j in range(self.pb.S) if self.fp.unmasked[h, i, j]]
-        K = self.fp.Kh[h][:, c]
-        total = flint.arb(0)
-        for a, j in enumerate(live):
-            for k in live[a + 1:]:
-                dk = K[j] - K[k]
-                dp = ints[i][j] - ints[i][k]
-                if dk != 0 and dp != 0:
-                    total += P[j] * P[k] * flint.arb(dp) * flint.arb(float(dk))
-        return total * flint.arb(2) ** base
-
     def _arb_values(self, which: str, flats: list[int]) -> dict[int, flint.arb]:
         pb = self.pb
         shape = self._shape(which)
         out: dict[int, flint.arb] = {}
-        if which == "query" and flint.ctx.prec > self._start:
-            for f in flats:
-                b, i, c = (int(x) for x in np.unravel_index(f, shape))
-                heads = [int(h) for h in pb.copies("query")[b]]
-                out[f] = self._head(heads[0]).s * sum((self._grad_query_pairwise(h, i, c) for h in heads),
-                                                      flint.arb(0))
-            return out
         if which in ("out", "query"):
             need: dict[int, set[int]] = defaultdict(set)
             parts = []
@@ -289,6 +273,78 @@ class Refiner:
                 total += self._kv[key][int(j) * cols + int(c)]
             out[f] = total
         return out
+
+    # ------------------------------------------------------------------ step 2b: R + eps (see _split)
+
+    def _row_split(self, h: int, i: int, backward: bool) -> RowSplit:
+        key = (h, i, flint.ctx.prec, backward)
+        if key not in self._splits:
+            dP = self._dP_exact(h, i) if backward else None
+            self._splits[key] = RowSplit(self._logit_keys(h, i), self.pb.scale, dP)
+        return self._splits[key]
+
+    def _split_out(self, h: int, i: int, c: int) -> tuple[Fraction, flint.arb]:
+        sp = self._row_split(h, i, False)
+        if not sp.live:
+            return Fraction(0), flint.arb(0)
+        V = self.fp.Vh[h][:, c]
+        R = sum((Fraction(float(V[j])) for j in sp.T), Fraction(0)) / sp.n
+        # sum_j d_j v_j = sum_{k not in T} w_k (v_k - R) / W: the differences are exact.
+        eps = sum((wk * _ball(Fraction(float(V[k])) - R) for k, wk in sp.w.items() if V[k] != R), flint.arb(0))
+        return R, eps / sp.W
+
+    def _split_query(self, h: int, i: int, c: int) -> tuple[Fraction, flint.arb]:
+        """sum_j dS_ij k_jc as sum_{j<k} P_j P_k (dP_j - dP_k)(k_jc - k_kc): where two dominant keys
+        share k_jc the direct sum cancels far below its terms, the pairwise one has nothing to cancel."""
+        sp = self._row_split(h, i, True)
+        g, K = self._dP_exact(h, i), self.fp.Kh[h][:, c]
+        R, eps = Fraction(0), flint.arb(0)
+        for a, j in enumerate(sp.live):
+            for k in sp.live[a + 1:]:
+                t = (g[j] - g[k]) * (Fraction(float(K[j])) - Fraction(float(K[k])))
+                if t:
+                    p0, pe = sp.pair_weight(j, k)
+                    R, eps = R + p0 * t, eps + pe * _ball(t)
+        return R, eps
+
+    def _split_rows(self, which: str, h: int, r: int, c: int) -> tuple[Fraction, flint.arb]:
+        """grad_value (P^T dO) or unscaled grad_key (dS^T Q) of key r, column c, from head h's rows."""
+        R, eps = Fraction(0), flint.arb(0)
+        Y = self.G[h] if which == "value" else self.fp.Qh[h]
+        for i in np.flatnonzero(self.fp.unmasked[h, :, r]):
+            x = Fraction(float(Y[i, c]))
+            if x:
+                sp = self._row_split(h, int(i), which == "key")
+                p0, pe = (sp.P0[r], sp.d[r]) if which == "value" else (sp.dS0[r], sp.eps[r])
+                R, eps = R + p0 * x, eps + pe * _ball(x)
+        return R, eps
+
+    def _split_values(self, which: str, flats: list[int]) -> dict[int, Split]:
+        """Each element as its exact part R and remainder eps (``_split``), at the current precision."""
+        pb = self.pb
+        out = {}
+        for f in flats:
+            b, r, c = (int(x) for x in np.unravel_index(f, self._shape(which)))
+            if which == "out":
+                R, eps = self._split_out(b, r, c)
+            else:
+                R, eps = Fraction(0), flint.arb(0)
+                for h in pb.copies(which)[b]:
+                    R2, e2 = (self._split_query(int(h), r, c) if which == "query"
+                              else self._split_rows(which, int(h), r, c))
+                    R, eps = R + R2, eps + e2
+            out[f] = self._split_item(which, R, eps)
+        return out
+
+    def _split_item(self, which: str, R: Fraction, eps: flint.arb) -> Split:
+        sc = self.pb.scale
+        if which in ("query", "key"):
+            if sc.rational is None:
+                # s R is irrational unless R = 0, so never a boundary: the ball decides it.
+                s = sc.ball()
+                return Split(s * (_ball(R) + eps), None, s * eps)
+            R, eps = sc.rational * R, _ball(sc.rational) * eps
+        return Split(_ball(R) + eps, R, eps)
 
     # ------------------------------------------------------------------ step 3: exact analysis
 
@@ -482,9 +538,19 @@ class Refiner:
                     balls[f] = _ball(info[1]) * self.pb.scale.ball()
                 else:
                     arb_needed.append(f)
-            balls.update(self._arb_values(which, arb_needed) if arb_needed else {})
+            if arb_needed:
+                # Past the first precision, as R + eps: a direct ball cannot resolve a tiny eps.
+                split = flint.ctx.prec > start
+                balls.update(self._split_values(which, arb_needed) if split
+                             else self._arb_values(which, arb_needed))
             last.update(balls)
+            reached[0] = flint.ctx.prec
             return [balls[f] for f in indices]
+
+        reached = [0]
+
+        def decide(item: Any, fmt: Format) -> Decision | None:
+            return decide_split(item, fmt, final=reached[0] >= MAX_PRECISION)
 
         last: dict[int, flint.arb] = {}
 
@@ -498,7 +564,7 @@ class Refiner:
                 text += f" lies on the rounding boundary {float(ball.mid())!r} to within the working precision"
             return text + (f"; {why}" if isinstance(why, str) and why else "")
 
-        decided.update(round_certified(evaluate, pending, fmt, describe, start=start))
+        decided.update(round_certified(evaluate, pending, fmt, describe, start=start, decide=decide))
         return decided
 
     def exact_value(self, which: str, flat: int, bits: int = 128) -> flint.arb:
@@ -509,4 +575,4 @@ class Refiner:
                 return _ball(info[1])
             if info[0] == "scaled":
                 return _ball(info[1]) * self.pb.scale.ball()
-            return self._arb_values(which, [flat])[flat]
+            return self._split_values(which, [flat])[flat].ball

@@ -33,6 +33,7 @@ import numpy as np
 
 from ...engine.fast import gamma, up
 from ...formats import FLOAT32, Format
+from ._caps import backward_cap, forward_cap
 from ._first import FirstPass, _cat_cols, _cat_rows_t, expm1_up, matmul_up
 
 __all__ = ["AttentionTolerance", "backward_tolerance", "forward_tolerance"]
@@ -137,6 +138,8 @@ class _Weights:
             rho = np.where((h < 0.5)[..., None] & np.isfinite(rho), rho, np.inf)
         self.rho = np.where(fp.unmasked, rho, 0.0)
         self.nb = nb
+        # Kept for the caps (_caps.py), which need the logit errors and the exp's budget themselves.
+        self.delta, self.r, self.F = delta, r, F * (1 + 2 ** -50)
         # Where a logit, q sqrt(s) or k sqrt(s) may overflow acc, NaN and inf are acceptable.
         big = acc.max_finite / 2
         with np.errstate(over="ignore", invalid="ignore"):
@@ -174,6 +177,8 @@ def forward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format
         E = E + ((eta_p + eta) * (1 + gn) * fp.colsumV)[:, None, :] + 2 * n * eta
         E = up(E * _SLACK)
         E = np.where(np.isfinite(E), E, np.inf)
+        # Where the weights' relative bound fails (huge logits), the hull still bounds the output.
+        E = np.fmin(E, forward_cap(fp, wts, u_p, eta_p))
         colbig = (S * np.max(fp.absV, axis=-2, initial=0.0)) >= wts.acc.max_finite / 2
     overflow = wts.row_overflow[..., None] | colbig[:, None, :]
     return E, overflow, wts
@@ -268,5 +273,8 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
                 E = E + _g(blocks, u_o) * (bound + E)
         E = up(E * _SLACK)
         E = np.where(np.isfinite(E), E, np.inf)
+        # What a finite computation can produce bounds E where the weights' relative bound fails.
+        cap = backward_cap(fp, wts, model, fmt, E_fwd, which, depth, blocks)
+        E, bound = np.fmin(E, cap), np.fmin(bound, cap)
         overflow = (bound + E >= big) | head_big[cop].any(axis=1)[:, None, None]
     return E, overflow

@@ -1,0 +1,173 @@
+"""Caps on attention's tolerances from what a finite computation of each class can produce.
+
+The models of ``_model`` bound a kernel's error through the relative error
+of its weights, which has no finite bound once the logits' own rounding
+errors reach a fraction of a nat (|logits| beyond about 2**20 in float32):
+those tolerances become inf, and a leaky causal fill then passes.  The caps
+here need no relative bound on the weights; each tolerance is the smaller of
+the two (docs/attention.md, "Caps").
+
+* Forward: every kernel of every class divides the weights it sums by the
+  sum of the same weights (a softmax, or an online softmax's final O / l),
+  so its output lies in the hull of the unmasked value rows, widened by the
+  roundings that make the normalised weights sum to sigma != 1.
+* Backward: a fused kernel recomputes its weights from a stored logsumexp,
+  without normalising, so they may exceed 1, but by at most
+  exp(delta_ij + max_k delta_ik) times the exp's error; that bounds |P~|,
+  then |dS~| and each gradient's sum of |terms|.  The cap is the bound on
+  the exact value plus the bound on the kernel's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...engine.fast import up
+from ...formats import Format
+from ._first import FirstPass, _cat_cols, _cat_rows_t, expm1_up, matmul_up
+
+__all__ = ["backward_cap", "forward_cap"]
+
+_SLACK = 1.0 + 2.0 ** -20
+_CHUNK = 1 << 22  # elements of the (rows, S, Ev) working array of the hull
+
+
+def _g(n: int, u: float) -> float:
+    return n * u / (1 - n * u) * (1 + 2.0 ** -40)
+
+
+def _hull(fp: FirstPass) -> tuple[np.ndarray, np.ndarray]:
+    """min_j v_jc and max_j v_jc over the keys j that row i attends to, (H, L, Ev); 0 for empty rows."""
+    H, L, S = fp.unmasked.shape
+    Ev = fp.Vh.shape[-1]
+    lo = np.zeros((H, L, Ev))
+    hi = np.zeros((H, L, Ev))
+    step = max(1, _CHUNK // max(1, H * S * Ev))
+    V = fp.Vh[:, None, :, :]
+    for a in range(0, L, step):
+        um = fp.unmasked[:, a:a + step, :, None]
+        lo[:, a:a + step] = np.min(np.where(um, V, np.inf), axis=2, initial=np.inf)
+        hi[:, a:a + step] = np.max(np.where(um, V, -np.inf), axis=2, initial=-np.inf)
+    empty = ~np.isfinite(lo)
+    return np.where(empty, 0.0, lo), np.where(empty, 0.0, hi)
+
+
+def sigma_error(S: int, nb: int, u: float, eta: float, u_p: float, eta_p: float) -> tuple[float, float, float]:
+    """(|sigma - 1| bound, sigma's upper bound, gamma) for the normalised weights sigma = sum_j a_j.
+
+    a_j = q_j (1 + t_j) / sum_k q_k (1 + t'_k) for nonnegative q (the exps and
+    rescalings, however inexact: they are the same in both sums), |t|, |t'| <=
+    gamma_N over the N = S + 2 nb + 4 roundings of a product, a sum in any order
+    and the block rescalings, one more u for the division, u_p for the weights'
+    rounding to a half format, and underflows of at most eta + eta_p per weight
+    against a denominator of at least 1/2 (its largest term is exp(0)).
+    """
+    N = S + 2 * nb + 4
+    gN = _g(N, u)
+    absolute = 4 * N * (eta + eta_p)
+    sig_hi = (1 + gN) * (1 + u_p) * (1 + u) / (1 - gN) + absolute
+    sig_lo = (1 - gN) * (1 - u_p) * (1 - u) / (1 + gN) - absolute
+    return max(sig_hi - 1, 1 - sig_lo), sig_hi, gN
+
+
+def forward_cap(fp: FirstPass, wts, u_p: float, eta_p: float) -> np.ndarray:
+    """The cap (H, L, Ev) on the forward tolerance: the exact value's distance to the widened hull.
+
+    With a_j >= 0 summing to sigma and v_j in [lo, hi], sum_j a_j v_j lies in
+    [sigma lo, sigma hi], within |sigma - 1| max|v| of [lo, hi]; the sum's
+    roundings add gamma_N sigma max|v|, its underflows 2 N eta.
+    """
+    pb = fp.pb
+    u, eta = wts.u, wts.eta
+    s1, sig_hi, gN = sigma_error(pb.S, wts.nb, u, eta, u_p, eta_p)
+    lo, hi = _hull(fp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        m = np.maximum(np.abs(lo), np.abs(hi))
+        widen = (s1 + gN * sig_hi) * m + 2 * (pb.S + 2 * wts.nb + 4) * eta
+        cap = np.maximum(hi - (fp.O - fp.rad_O), (fp.O + fp.rad_O) - lo) + widen
+        cap = up(np.maximum(cap, 0.0) * _SLACK)
+    return np.where(np.isfinite(cap), cap, np.inf)
+
+
+def _kernel_weights(fp: FirstPass, wts) -> np.ndarray:
+    """An upper bound on a kernel's |P~_ij|, normalised or recomputed from a stored logsumexp.
+
+    A normalised weight is at most F (the exp's and the sums' roundings); one
+    recomputed as exp(x~_ij - lse~_i) is at most exp(delta_ij + max_k delta_ik
+    + r_i) F, since lse~_i >= max_k x~_ik up to the errors already in delta.
+    The smaller of that and the model's P (1 + rho), where finite.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        dmax = np.max(np.where(fp.unmasked, wts.delta, 0.0), axis=-1, initial=0.0)
+        recomputed = up((1 + expm1_up(wts.delta + dmax[..., None] + wts.r[..., None])) * wts.F)
+        relative = np.where(np.isfinite(wts.rho), up(fp.P_up * (1 + wts.rho)), np.inf)
+        Pk = np.fmin(recomputed, relative)
+    return np.where(fp.unmasked, Pk, 0.0)
+
+
+def _dS_caps(fp: FirstPass, wts, model, fmt: Format, E_fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                  np.ndarray]:
+    """(kernel |P~| bound, exact |dS| bound, kernel |dS~| bound), each (H, L, S)."""
+    key = (model, "caps")
+    hit = fp.bwd_cache.get(key)
+    if hit is not None and hit[0] is E_fwd:
+        return hit[1]
+    pb = fp.pb
+    u, eta = wts.u, wts.eta
+    u_o, eta_o = fmt.unit_roundoff, fmt.min_subnormal
+    half = fmt.p < wts.acc.p
+    S, Ev = pb.S, pb.Ev
+    Pk = _kernel_weights(fp, wts)
+    with np.errstate(over="ignore", invalid="ignore"):
+        # The exact dS: P <= 1 and |D| <= max_j |dP_ij|, or the first pass's own bound.
+        Bmax = np.max(np.where(fp.unmasked, fp.B, 0.0), axis=-1, initial=0.0)[..., None]
+        dS_x = np.fmin(np.abs(fp.dS) + fp.e_dS, up(np.minimum(fp.P_up, 1.0) * (fp.B + Bmax)))
+        # The kernel's: |dP~| from gamma_{Ev+1}, D~ as rowsum(P~ dP~) or rowsum(dO O~), the larger.
+        dP_k = up((1 + _g(Ev + 1, u)) * fp.B + 2 * Ev * eta)
+        D_a = (1 + _g(S + wts.nb + 1, u)) * np.sum(Pk * dP_k, axis=-1) + S * eta
+        o_k = (np.abs(fp.O) + fp.rad_O + E_fwd) * (1 + u_o) + eta_o
+        D_b = (1 + _g(Ev + 1, u)) * np.einsum("hlc,hlc->hl", fp.absG, o_k) + Ev * eta
+        D_k = np.maximum(D_a, D_b)[..., None]
+        dS_k = Pk * (dP_k + D_k) * (1 + u) ** 2 + eta
+        if model.ds_in_input_format and half:
+            dS_k = dS_k * (1 + u_o) + eta_o
+        dS_k = up(np.where(fp.unmasked, dS_k, 0.0))
+        dS_x = np.where(fp.unmasked, dS_x, 0.0)
+    caps = (Pk, dS_x, dS_k)
+    fp.bwd_cache[key] = (E_fwd, caps)
+    return caps
+
+
+def backward_cap(fp: FirstPass, wts, model, fmt: Format, E_fwd: np.ndarray, which: str,
+                 depth: int, blocks: int) -> np.ndarray:
+    """The cap on one gradient's tolerance, in its operand's own batch: |exact| + |kernel| bounds.
+
+    ``depth`` is the model's summation depth for the gradient (its gamma), ``blocks``
+    its number of blocks, whose running sums a class may store in the output format.
+    """
+    pb = fp.pb
+    u, eta = wts.u, wts.eta
+    u_o, eta_o = fmt.unit_roundoff, fmt.min_subnormal
+    half = fmt.p < wts.acc.p
+    Pk, dS_x, dS_k = _dS_caps(fp, wts, model, fmt, E_fwd)
+    cop = pb.copies(which)
+    n_own, c = cop.shape
+    gd = _g(depth, u)
+    s = pb.scale.magnitude
+    with np.errstate(over="ignore", invalid="ignore"):
+        if which == "value":
+            if model.weights_in_input_format and half:
+                Pk = np.where(fp.unmasked, Pk * (1 + u_o) + eta_o, 0.0)
+            absG = fp.absG[cop].reshape(n_own, c * pb.L, pb.Ev)
+            exact = matmul_up(_cat_rows_t(np.minimum(fp.P_up, 1.0), cop), absG)
+            kernel = (1 + gd) * matmul_up(_cat_rows_t(Pk, cop), absG) + 2 * depth * eta
+        else:
+            X, Y = (_cat_cols, fp.Kh) if which == "query" else (_cat_rows_t, fp.Qh)
+            rows = pb.S if which == "query" else pb.L
+            absY = np.abs(Y)[cop].reshape(n_own, c * rows, pb.E)
+            exact = s * matmul_up(X(dS_x, cop), absY)
+            kernel = (1 + gd) * s * matmul_up(X(dS_k, cop), absY) + 2 * depth * eta * (1 + s)
+        if model.blocks_in_output_format and half:
+            kernel = kernel * (1 + _g(blocks, u_o)) + blocks * eta_o
+        cap = up((exact + kernel) * _SLACK)
+    return np.where(np.isfinite(cap), cap, np.inf)

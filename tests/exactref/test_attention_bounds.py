@@ -1,0 +1,156 @@
+"""Attention at huge logits: finite, sound tolerances (the hull and finite-computation caps) and no false
+ReferenceUnavailableError where an element is a rational part plus a remainder far below it."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import flint
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import exactref as er
+from exactref.formats import FLOAT32
+from exactref.ops.attention._split import Split, decide_split
+
+from ._attention_oracle import Oracle, is_near_boundary, round_to
+
+GRADS = ("grad_query", "grad_key", "grad_value")
+
+
+def _large_logits(seed):
+    """q * 3000 against k * 100, (1, 1, 8, 4) float32: logit gaps of 10**4 to 10**6 nats."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 1, 8, 4, generator=gen) * 3000
+    k = torch.randn(1, 1, 8, 4, generator=gen) * 100
+    v = torch.randn(1, 1, 8, 4, generator=gen)
+    grad = torch.randn(1, 1, 8, 4, generator=gen)
+    return q, k, v, grad
+
+
+def _torch(q, k, v, grad, backend):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel(backend):
+        out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    out.backward(grad)
+    return out.detach(), [t.grad for t in leaves]
+
+
+def _leaky_causal(q, k, v, fill=-1e6):
+    """A float32 causal attention whose masked logits get a finite fill, as a -1e6 Triton kernel does."""
+    L = q.shape[-2]
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    x = (q @ k.transpose(-2, -1)) / 2 + torch.where(j <= i, 0.0, fill)
+    return torch.softmax(x, -1) @ v
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_huge_logits_give_finite_tolerances_that_cover_torch(seed):
+    q, k, v, grad = _large_logits(seed)
+    r = er.scaled_dot_product_attention(q, k, v, is_causal=True)
+    g = r.backward(grad)
+    assert np.isfinite(r.tolerance).all()
+    assert all(np.isfinite(g[n].tolerance).all() for n in GRADS)
+    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+        out, grads = _torch(q, k, v, grad, backend)
+        assert r.covers(out).all(), backend
+        for name, got in zip(GRADS, grads):
+            assert g[name].covers(got).all(), (backend, name)
+
+
+@pytest.mark.parametrize("seed", [5, 6])  # covered before the cap, rejected after
+def test_a_causal_fill_that_leaks_at_huge_logits_is_rejected(seed):
+    # With logits near 10**6 a -1e6 fill no longer masks; before the hull cap the tolerance was inf there.
+    q, k, v, _ = _large_logits(seed)
+    r = er.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert r.covers(_leaky_causal(q, k, v, fill=-math.inf)).all()
+    assert not r.covers(_leaky_causal(q, k, v)).all()
+    with pytest.raises(er.MismatchError):
+        r.check(_leaky_causal(q, k, v))
+
+
+def test_the_forward_cap_is_the_hull_of_the_unmasked_values():
+    # Row 0 sees only key 0, so a correct kernel returns v[0] up to its roundings: the tolerance is tiny.
+    q, k, v, _ = _large_logits(0)
+    r = er.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert (r.tolerance[0, 0, 0] <= 1e-5 * np.abs(v[0, 0, 0].numpy()) + 1e-30).all()
+    assert (r.tolerance <= 2.01 * (v.abs().amax(-2, keepdim=True)).numpy()).all()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_float32_backward_at_huge_logits_agrees_with_the_oracle(seed):
+    # Raised ReferenceUnavailableError in most seeds: grad_value elements whose rational part is exactly
+    # a float32 rounding boundary, off it by exp(-gap), far below 2**-4096.
+    q, k, v, grad = _large_logits(seed)
+    g = er.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+    prec = 4000
+    oracle = Oracle(q.numpy(), k.numpy(), v.numpy(), is_causal=True, prec=prec)
+    want = oracle.grads(grad.numpy())
+    checked = 0
+    for name in GRADS:
+        for idx in np.ndindex(want[name].shape):
+            x = want[name][idx]
+            if is_near_boundary(x, "float32", oracle.magnitudes[name][idx], bits=prec - 80) and abs(x) > 2.0 ** -200:
+                continue  # the oracle's 4000 bits cannot see which side: test_exact_boundary_plus_remainder
+            assert round_to(x, "float32") == g[name].rounded[idx], (name, idx)
+            checked += 1
+    assert checked >= 64
+
+
+def test_exact_boundary_plus_remainder_rounds_by_the_remainders_sign():
+    # Row 0 sees key 0 at a logit 6e5 above key 1: P = (1, w) / (1 + w) with w = exp(-6e5); row 1 weighs
+    # both keys 1/2.  grad_value[0] = 1/(1 + w) + 3 * 2**-24 is below the tie 1 + 3 * 2**-24 by about w:
+    # it rounds down to 1 + 2**-23, where the tie itself would round (to even) up to 1 + 2**-22.
+    q = np.array([[3000.0], [0.0]], dtype=np.float32)
+    k = np.array([[100.0], [-100.0]], dtype=np.float32)
+    v = np.zeros((2, 1), dtype=np.float32)
+    grad = np.array([[1.0], [3 * 2.0 ** -23]], dtype=np.float32)
+    g = er.scaled_dot_product_attention(q, k, v, scale=1.0).backward(grad)
+    assert g["grad_value"].rounded[0, 0] == np.float32(1 + 2.0 ** -23)
+    assert g["grad_value"].rounded[1, 0] == np.float32(3 * 2.0 ** -24)
+
+
+def _huge_range(seed):
+    rng = np.random.default_rng(seed)
+
+    def draw():
+        return rng.choice([-1.0, 1.0], size=(4, 4)) * np.ldexp(1.0, rng.integers(-1070, 1021, size=(4, 4)))
+
+    return draw(), draw(), draw(), draw()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_float64_backward_over_the_whole_range_agrees_with_the_oracle(seed):
+    # Raised ReferenceUnavailableError for every seed: gradients of order exp(-2**1000) that round to +-0
+    # were computed from a float64 row maximum that had overflowed, and cancelled to a ball around zero.
+    q, k, v, grad = _huge_range(seed)
+    r = er.scaled_dot_product_attention(q, k, v)
+    g = r.backward(grad)
+    # The logits reach 2**2000: the oracle needs more than their 2000 bits to get exp's argument right.
+    oracle = Oracle(q, k, v, prec=4400)
+    want = dict(oracle.grads(grad), out=oracle.out())
+    for name, arr in want.items():
+        res = r if name == "out" else g[name]
+        for idx in np.ndindex(arr.shape):
+            expected = round_to(arr[idx], "float64")
+            got = float(res.rounded[idx])
+            assert got == expected, (name, idx)
+            assert math.copysign(1, got) == math.copysign(1, expected), (name, idx)
+
+
+def test_decide_split_settles_a_boundary_by_the_remainders_sign():
+    tie = Fraction(1) + Fraction(3, 2 ** 24)
+    tiny = flint.arb(2) ** -200000  # exact: a power of two
+    for eps, want in ((tiny, 1 + 2.0 ** -22), (-tiny, 1 + 2.0 ** -23)):
+        split = Split(flint.arb(flint.fmpq(tie.numerator, tie.denominator)) + eps, tie, eps)
+        rounded, lo, hi = decide_split(split, FLOAT32)
+        assert rounded == want and lo <= float(tie) <= hi
+    # A ball of unknown sign below half float32's smallest subnormal is +0, at the final precision only.
+    zero = flint.arb(0, 2.0 ** -200)
+    assert decide_split(zero, FLOAT32) is None
+    assert decide_split(zero, FLOAT32, final=True)[0] == 0.0
+
