@@ -46,6 +46,10 @@ class DotSource:
         x, y = self.X[..., :, k0:k1], self.Y[..., k0:k1, :]
         return x @ y, np.abs(x) @ np.abs(y)
 
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """sum t and sum t^2 of every element (float64)."""
+        return self.X @ self.Y, (self.X * self.X) @ (self.Y * self.Y)
+
     def terms_at(self, index: tuple[int, ...]) -> np.ndarray:
         """The terms of one output element."""
         return self.X[index[:-1]] * self.Y[index[:-2] + (slice(None), index[-1])]
@@ -75,6 +79,9 @@ class RowSource:
     def terms_at(self, index: tuple[int, ...]) -> np.ndarray:
         return self.V[index]
 
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.V.sum(axis=-1), (self.V * self.V).sum(axis=-1)
+
     def segment(self, k0: int, k1: int) -> tuple[np.ndarray, np.ndarray]:
         v = self.V[..., k0:k1]
         return v.sum(axis=-1), np.abs(v).sum(axis=-1)
@@ -102,11 +109,13 @@ class _Stats:
     leaf_sq: np.ndarray  # sum of t_k^2 over the terms whose product rounding is a leaf of a tree
     height: int  # the most roundings on any term's path
     peak: np.ndarray  # the largest |partial sum| (T_g for a group: its partial sums are unknown)
+    regular: np.ndarray  # where all terms, or all block sums, are equal: errors are far from independent
 
     @classmethod
     def zeros(cls, shape: tuple[int, ...]) -> _Stats:
         z = np.zeros(shape)
-        return cls(z.copy(), z.copy(), 0, z.copy(), z.copy(), 0, 0, z.copy(), 0, z.copy())
+        return cls(z.copy(), z.copy(), 0, z.copy(), z.copy(), 0, 0, z.copy(), 0, z.copy(),
+                   np.zeros(shape, dtype=bool))
 
 
 def ordered_error(source: DotSource | RowSource, order: Order, *, acc: Format, S: np.ndarray,
@@ -136,12 +145,29 @@ def ordered_error(source: DotSource | RowSource, order: Order, *, acc: Format, S
     grow = 1 + gamma(st.height, u)
     # gamma_d = d u / (1 - d u) <= d * u / (1 - D u) for every group's d <= D.
     groups = st.group_lin * rel64 * (gamma(st.group_depth, u) / st.group_depth if st.group_depth else 0.0)
-    E = up(grow * (u * lin + groups + leaves) + n * underflow)
+    raw = grow * (u * lin + groups + leaves) + n * underflow
+    # Nothing rounds (one term, exact): E is 0, not up(0), so that only the exact value is accepted.
+    E = np.where(raw > 0, up(raw), 0.0)
     if failure_rate is not None:
-        E = np.minimum(E, _probabilistic(st, E, slack, rel64, u, grow, failure_rate, n * underflow))
+        # Equal terms (or block sums) round alike again and again, the textbook case against the
+        # independent-error model: those elements keep the sound bound.
+        E_prob = _probabilistic(st, E, slack, rel64, u, grow, failure_rate, n * underflow)
+        E = np.where(st.regular | _nearly_constant(source), E, np.minimum(E, E_prob))
     # Where no partial sum can reach the overflow threshold, a kernel of this order cannot overflow.
     partial_max = up((np.minimum(st.peak, S) + E) * rel64 + slack)
     return E, partial_max
+
+
+def _nearly_constant(source: DotSource | RowSource) -> np.ndarray:
+    """Where an element's terms are all within about 0.1% of each other: n sum t^2 <= (1 + 1e-6) (sum t)^2.
+
+    Cauchy-Schwarz makes n sum t^2 >= (sum t)^2, with equality only for equal terms; the excess is the
+    squared coefficient of variation.  Such sums round alike at every step.
+    """
+    if source.n < 2:
+        return np.zeros(source.shape, dtype=bool)
+    s1, s2 = source.moments()
+    return source.n * s2 <= (1 + 1e-6) * s1 * s1
 
 
 def _probabilistic(st: _Stats, E: np.ndarray, slack: np.ndarray, rel64: float, u: float, grow: float,
@@ -149,13 +175,16 @@ def _probabilistic(st: _Stats, E: np.ndarray, slack: np.ndarray, rel64: float, u
     """Azuma-Hoeffding over the additions: each contributes delta_v * (computed operands), a
     martingale increment of magnitude at most u * (|s_v| + E)."""
     lam = math.sqrt(2 * math.log(2 / failure_rate))
-    nodes = np.sqrt(st.sq * rel64) + st.nodes ** 0.5 * (slack + E)
+    nodes = np.sqrt(np.maximum(st.sq, 0.0) * rel64) + st.nodes ** 0.5 * (slack + E)
     groups = np.sqrt(st.group_sq * rel64) + st.group_roundings ** 0.5 * E
     leaves = np.sqrt(st.leaf_sq * rel64)
     return up(grow * lam * u * np.sqrt(nodes * nodes + groups * groups + leaves * leaves) + absolute)
 
 
 def _stats(source: DotSource | RowSource, order: Order, products_rounded: bool, final_is_root: bool) -> _Stats:
+    if order == "any":
+        # Nothing is known: the whole sum is one group in an unknown order.
+        order = Blocked(max(source.n, 1))
     if isinstance(order, Blocked):
         return _blocked(source, order, products_rounded, final_is_root)
     st = _Stats.zeros(source.shape)
@@ -233,10 +262,15 @@ def _blocked(source: DotSource | RowSource, order: Blocked, products_rounded: bo
     if order.inner != "any":
         _inner_trees(st, source, order.inner, blocks, products_rounded, final_is_root and one_block)
     totals = []
+    first_total = None
+    st.regular = np.ones(source.shape, dtype=bool) if len(blocks) > 1 else st.regular
     for chain in chains:
         acc = None
         for j, (k0, k1) in enumerate(chain):
             total, absolute = source.segment(k0, k1)
+            if len(blocks) > 1 and k1 - k0 == b:
+                first_total = total if first_total is None else first_total
+                st.regular &= total == first_total
             if order.inner == "any":
                 d = k1 - k0 - 1 + (1 if products_rounded else 0) - (1 if final_is_root and one_block else 0)
                 _add_group(st, max(d, 0), absolute)
@@ -286,7 +320,12 @@ def _inner_trees(st: _Stats, source: DotSource | RowSource, inner: str, blocks: 
         flat[3][where] = np.maximum(flat[3][where], np.abs(P).max(axis=-1, initial=0.0))
         if products_rounded:
             flat[2][where] += np.sum(P * P, axis=-1)
-    st.nodes += sum(max(k1 - k0 - 1, 0) for k0, k1 in blocks) - (1 if exclude_root else 0)
+    # The root is left out only where there is one: a block of one term has no addition.
+    st.nodes += sum(max(k1 - k0 - 1, 0) for k0, k1 in blocks) - (1 if exclude_root and n_root(blocks) else 0)
+
+
+def n_root(blocks: list[tuple[int, int]]) -> bool:
+    return any(k1 - k0 >= 2 for k0, k1 in blocks)
 
 
 def _tree_height(order: str, n: int) -> int:

@@ -228,3 +228,26 @@ def test_the_emulated_matmul_kernel_rounds_its_products():
     # fl(a b) = 1 + 2^-11 (the 2^-24 is lost), then minus 1.
     assert res._typical((0, 0)) == 2.0 ** -11
     assert float(res.rounded[0, 0]) == 2.0 ** -11 + 2.0 ** -24
+
+
+@pytest.mark.parametrize("order", [Blocked(32, inner="sequential"), Blocked(32, inner="sequential", splits=2),
+                                   "sequential", "pairwise", "any"])
+def test_a_one_term_sum_accepts_only_its_value_and_warns_nothing(order):
+    with np.errstate(all="raise"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            res = er.sum(np.ones(1, np.float32), model=model(order, failure_rate=1e-12))
+    # As under the default: only the exact value (the tolerance shows float64 slack, 2^-50).
+    assert res.tolerance.dtype == np.float64 and float(res.tolerance) == float(er.sum(np.ones(1, np.float32)).tolerance)
+    assert res.covers(np.float32(1)) and not res.covers(np.nextafter(np.float32(1), np.float32(2)))
+
+
+def test_the_probabilistic_bound_keeps_the_sound_one_on_constant_data():
+    x = np.full(100_000, 0.1, dtype=np.float32)
+    sound, prob = er.sum(x, model=model("sequential")), er.sum(x, model=model("sequential", failure_rate=1e-12))
+    assert float(prob.tolerance) == float(sound.tolerance)
+    x[::2] = 0.3  # two values: varied enough for the model, and much tighter
+    assert float(er.sum(x, model=model("sequential", failure_rate=1e-12)).tolerance) < \
+        float(er.sum(x, model=model("sequential")).tolerance) / 10
