@@ -200,7 +200,7 @@ def _slices(X: np.ndarray, axis: int, beta: int, count: int) -> tuple[list[np.nd
     ok = np.ones(np.delete(X.shape, axis % X.ndim), dtype=bool)
     lowest = np.full(ok.shape, 4096, dtype=np.int64)
     for _ in range(count):
-        mu = np.max(np.abs(rest), axis=axis, keepdims=True)
+        mu = np.max(np.abs(rest), axis=axis, keepdims=True, initial=0.0)  # an empty sum (K = 0) has no slices
         if not mu.any():
             break
         ex = np.frexp(mu)[1].astype(np.int64)  # 2**ex > mu

@@ -132,6 +132,9 @@ def ordered_error(source: DotSource | RowSource, order: Order, *, acc: Format, S
     the model of independent, mean-zero rounding errors.
     """
     n = source.n
+    if n == 0 or 0 in source.shape:
+        # An empty sum is exactly 0 in every order; an empty output has nothing to bound.
+        return np.zeros(source.shape), np.zeros(source.shape)
     st = _stats(source, order, products_rounded, final_is_root)
     u = acc.unit_roundoff
     # Each computed partial sum is within `slack` of the exact one (float64 segment and prefix sums).

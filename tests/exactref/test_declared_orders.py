@@ -251,3 +251,15 @@ def test_the_probabilistic_bound_keeps_the_sound_one_on_constant_data():
     x[::2] = 0.3  # two values: varied enough for the model, and much tighter
     assert float(er.sum(x, model=model("sequential", failure_rate=1e-12)).tolerance) < \
         float(er.sum(x, model=model("sequential")).tolerance) / 10
+
+
+@pytest.mark.parametrize("order", ["sequential", "pairwise", Blocked(4), Blocked(4, inner="pairwise", splits=2)])
+@pytest.mark.parametrize("failure_rate", [None, 1e-12])
+def test_empty_sums_and_empty_outputs_under_every_order(order, failure_rate):
+    m = model(order, failure_rate=failure_rate)
+    A, B = np.zeros((2, 0), np.float32), np.zeros((0, 3), np.float32)
+    assert er.matmul(A, B, model=m).covers(np.zeros((2, 3))).all()
+    g = er.matmul.backward(A, B, np.ones((2, 3), np.float32), model=m)
+    assert g["grad_A"].shape == (2, 0) and g["grad_B"].shape == (0, 3)
+    assert er.sum(np.zeros((2, 0), np.float32), axis=1, model=m).covers(np.zeros(2)).all()
+    assert er.sum(np.zeros((0, 4), np.float32), axis=1, model=m).shape == (0,)
