@@ -10,8 +10,10 @@ pytest file.  See ``docs/audit.md``.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,6 +26,8 @@ DEFAULT_EXAMPLES = 100
 #: Seconds a cell may spend after its first failure looking for others and shrinking.
 SHRINK_SECONDS = 20.0
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+#: The shell's status for a command stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):
@@ -75,10 +79,32 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------- to-pytest
 
 
+def check_output_path(path: Path, flag: str) -> None:
+    """Raise a :class:`UsageError` unless ``path`` can be written.
+
+    Called before any work, so that a bad path costs nothing: the directories
+    it needs need not exist yet, but the nearest one that does must take a file.
+    """
+    fix = f"pass {flag} a file in a writable directory"
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; {fix}")
+    existing = next(p for p in path.parents if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is a file, not a directory; {fix}")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".exactref-probe-")
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write into {existing} ({exc.strerror or exc}); {fix}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def to_pytest(args: argparse.Namespace, out: TextIO) -> int:
     from .harness.cases import CaseFileError, read_case
     from .harness.standalone import standalone_test
 
+    if args.output is not None:
+        check_output_path(args.output, "-o")
     try:
         saved = read_case(args.case)
     except CaseFileError as exc:
@@ -86,10 +112,13 @@ def to_pytest(args: argparse.Namespace, out: TextIO) -> int:
     source = standalone_test(saved, kernels=args.kernels, output=args.output, root=Path.cwd())
     if args.output is None:
         out.write(source)
-    else:
+        return EXIT_OK
+    try:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(source, encoding="utf-8")
-        print(f"wrote {args.output}", file=sys.stderr)
+    except OSError as exc:  # the path was checked first; this is a race or a full disk
+        raise UsageError(f"-o {args.output}: could not write it ({exc.strerror or exc})") from None
+    print(f"wrote {args.output}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -175,6 +204,7 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             check_report_path(args.report)
         except (ValueError, ImportError) as exc:
             raise UsageError(str(exc)) from None
+        check_output_path(args.report, "--report")
     from .harness.kernels import device_problem
 
     problem = device_problem(cfg.device)
@@ -195,7 +225,7 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (ImportError, ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from None
 
-    from .harness.suite import audit_settings, cells, run_cell
+    from .harness.suite import cells
 
     selected = cells(kernels, ops=cfg.ops, formats=cfg.formats)
     if not selected:
@@ -207,32 +237,121 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
           f"{cfg.examples} examples each; seed {seed}", file=out)
     out.flush()
     progress = Progress(len(selected), err)
-    runs = []
     started = time.perf_counter()
     with warnings.catch_warnings():
         # Kernels and references may overflow on purpose (special values); their warnings are noise here.
         warnings.simplefilter("ignore", RuntimeWarning)
-        for cell in selected:
-            progress.cell(cell.name)
-            runs.append(run_cell(cell, base=audit_settings(), examples=cfg.examples, device=cfg.device,
-                                 seed_value=seed, shrink_seconds=SHRINK_SECONDS, on_example=progress.example))
-            progress.finish_cell()
+        runs, interrupted = _run_cells(selected, cfg, seed, progress)
     progress.close()
     elapsed = time.perf_counter() - started
-    from .harness.audit_report import counterexamples, summary, table
+    from .harness.audit_report import counterexamples, summary
 
-    print(table(runs), file=out)
+    print(_table(runs, interrupted), file=out)
     print(counterexamples(runs), file=out, end="")
     status = summary(runs, elapsed, seed)
-    print(status.text, file=out)
+    print(_status_text(status.text, runs, interrupted, len(selected)), file=out)
     if cfg.regressions is not None:
         _save(runs, cfg, out)
+    if interrupted is not None:
+        if args.report is not None:
+            print(f"{args.report} not written: the audit was interrupted", file=out)
+        return EXIT_INTERRUPTED
     if args.report is not None:
         from .harness.audit_report import write_report
 
         write_report(args.report, runs, kernel_name=kernel_name, seed=seed, elapsed=elapsed)
         print(f"wrote {args.report}", file=out)
     return EXIT_MISMATCH if status.failed else EXIT_OK
+
+
+class Interrupted(Exception):
+    """Marks the cell that Ctrl-C stopped, in the table of a partial audit."""
+
+
+class _CtrlC:
+    """Ctrl-C during the audit: raised at once, and raised again at the next example if it was lost.
+
+    Python only prints an exception raised inside a gc callback, and
+    Hypothesis keeps one (``gc_callback``); a Ctrl-C landing there is
+    therefore left to the next example instead of being raised.
+    """
+
+    def __init__(self, progress: Progress) -> None:
+        self.pressed = False
+        self.progress = progress
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.pressed = True
+        if frame is None or frame.f_code.co_name != "gc_callback":
+            raise KeyboardInterrupt
+
+    def example(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.progress.example()
+
+
+def _run_cells(selected: list[Any], cfg: Any, seed: int, progress: Progress) -> tuple[list[Any], Any]:
+    """The runs of the cells that finished, and the run of the one Ctrl-C stopped (None if none did)."""
+    import signal
+    import threading
+
+    ctrl_c = _CtrlC(progress)
+    # Only where Ctrl-C would interrupt anyway: a background job that ignores SIGINT keeps ignoring it.
+    ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler \
+        and threading.current_thread() is threading.main_thread()
+    if ours:
+        signal.signal(signal.SIGINT, ctrl_c.handler)
+    try:
+        return _search(selected, cfg, seed, progress, ctrl_c)
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _search(selected: list[Any], cfg: Any, seed: int, progress: Progress, ctrl_c: _CtrlC) -> tuple[list[Any], Any]:
+    from .harness.suite import CellRun, audit_settings, run_cell
+
+    runs: list[Any] = []
+    began = (progress.examples, time.perf_counter())
+    try:
+        for cell in selected:
+            progress.cell(cell.name)
+            began = (progress.examples, time.perf_counter())
+            runs.append(run_cell(cell, base=audit_settings(), examples=cfg.examples, device=cfg.device,
+                                 seed_value=seed, shrink_seconds=SHRINK_SECONDS, on_example=ctrl_c.example))
+            progress.finish_cell()
+    except KeyboardInterrupt:
+        # What finished is kept: a long audit stopped late must not lose its results.  Ctrl-C may land
+        # between cells too, so the stopped cell is the first one without a run.
+        if len(runs) == len(selected):
+            return runs, None
+        examples = progress.examples - began[0] if getattr(progress, "current", None) == selected[len(runs)].name \
+            else 0
+        return runs, CellRun(selected[len(runs)], examples=examples, error=Interrupted(),
+                             seconds=time.perf_counter() - began[1])
+    return runs, None
+
+
+def _table(runs: list[Any], interrupted: Any) -> str:
+    from .harness.audit_report import table
+
+    if interrupted is None:
+        return table(runs)
+    text = table([*runs, interrupted])
+    # The stopped cell is the last row; its result reads "interrupted", not as an error of the search.
+    head, _, last = text.rpartition("\n")
+    return f"{head}\n{last.replace('error: Interrupted', 'interrupted')}"
+
+
+def _status_text(text: str, runs: list[Any], interrupted: Any, total: int) -> str:
+    if interrupted is None:
+        return text
+    # "PASSED" would claim cells that never ran.
+    lines = [line for line in text.splitlines() if not line.startswith("PASSED")]
+    lines.append(f"INTERRUPTED: Ctrl-C stopped {interrupted.cell.name}; {len(runs)} of {total} cells finished, "
+                 "and only they are reported above.")
+    return "\n".join(lines)
 
 
 def _torch_version() -> str:
@@ -244,7 +363,7 @@ def _torch_version() -> str:
 
 
 def _save(runs: list[Any], cfg: Any, out: TextIO) -> None:
-    from .harness.cases import write_case
+    from .harness.cases import unwritable, write_case
     from .harness.suite import suite_case
 
     for run in runs:
@@ -253,7 +372,13 @@ def _save(runs: list[Any], cfg: Any, out: TextIO) -> None:
                                  kernels=cfg.kernels or DEFAULT_KERNELS)
             if content is None:
                 continue
-            print(f"saved {write_case(cfg.regressions, content)}", file=out)
+            try:
+                print(f"saved {write_case(cfg.regressions, content)}", file=out)
+            except OSError as error:
+                # Once is enough: every other case would fail the same way.
+                print(f"{unwritable(cfg.regressions, error)}; pass a writable directory with --regressions DIR",
+                      file=out)
+                return
 
 
 if __name__ == "__main__":  # pragma: no cover

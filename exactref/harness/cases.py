@@ -34,6 +34,7 @@ __all__ = [
     "encode_value",
     "hex_float",
     "read_case",
+    "unwritable",
     "write_case",
 ]
 
@@ -198,7 +199,35 @@ def decode_case(data: Any, where: str) -> tuple[str, dict[str, Any], dict[str, A
             raise ValueError(f"{where}: the case's {key!r} is not an object")
     inputs = {k: decode_value(v, f"{where} input {k!r}") for k, v in data["inputs"].items()}
     kwargs = {k: decode_value(v, f"{where} keyword {k!r}") for k, v in data["kwargs"].items()}
+    names = _check_signature(data["op"], inputs, kwargs, where)
+    # Callers pass the inputs positionally, so they go in the op's order whatever the file's.
+    inputs = {name: inputs[name] for name in names}
     return data["op"], inputs, kwargs, decode_value(data.get("grad"), f"{where} grad")
+
+
+def _check_signature(op: str, inputs: Mapping[str, Any], kwargs: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """The op's input names; raises unless the stored inputs and keywords fit its signature.
+
+    Checked when a case is read, so that a hand-edited or truncated file is
+    called corrupt instead of replaying into a TypeError inside the op.
+    """
+    from .kernels import OP_INPUTS
+
+    info = OP_INPUTS.get(op)
+    if info is None:
+        raise ValueError(f"{where}: op {op!r} is not one of {', '.join(OP_INPUTS)}")
+    takes = f"{op} takes {', '.join(info.inputs)}"
+    for name in info.inputs:
+        if name not in inputs:
+            raise ValueError(f"{where}: {op}'s input {name!r} is missing ({takes})")
+    for name in inputs:
+        if name not in info.inputs:
+            raise ValueError(f"{where}: {name!r} is not an input of {op} ({takes})")
+    for name in kwargs:
+        if name not in info.keywords:
+            known = f"its keywords: {', '.join(info.keywords)}" if info.keywords else "it takes none"
+            raise ValueError(f"{where}: {name!r} is not a keyword of {op} ({known})")
+    return info.inputs
 
 
 @dataclass
@@ -292,15 +321,32 @@ def write_case(directory: Path, content: Mapping[str, Any]) -> Path:
     return path
 
 
+def unwritable(directory: Path, exc: OSError) -> str:
+    """The line that says a case could not be written into ``directory``, and why."""
+    # mkdir's "File exists" means some part of the path is a file; say which.
+    blocking = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        why = f"{blocking} is a file, not a directory"
+    else:
+        why = exc.strerror or str(exc)
+        if exc.filename and str(exc.filename) != str(directory):
+            why += f" ({exc.filename})"
+    return f"could not save the case: the regressions directory {directory} is not writable: {why}"
+
+
 def read_case(path: Path) -> SavedCase:
     """Read and check one case file; any problem is a :class:`CaseFileError` naming the file."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise CaseFileError(path, f"cannot be read: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CaseFileError(path, f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                                  "exactref writes case files as UTF-8 JSON: delete the file, or restore it "
+                                  "from version control") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise CaseFileError(path, f"is not valid JSON ({exc}); fix it or delete the file") from None
     if not isinstance(data, dict) or _MARK not in data:
         raise CaseFileError(path, f"is not an exactref regression case (no {_MARK!r} field)")
@@ -317,7 +363,10 @@ def read_case(path: Path) -> SavedCase:
             for key in ("op", "direction", "format", "kernel"):
                 if not isinstance(data.get(key), str):
                     raise ValueError(f"the field {key!r} is missing or not a string")
-            decode_case(data.get("case"), "case")
+            if decode_case(data.get("case"), "case")[0] != data["op"]:
+                raise ValueError(f"the case's op {data['case']['op']!r} is not the file's op {data['op']!r}")
+            if data["direction"] not in ("forward", "backward"):
+                raise ValueError(f"the direction {data['direction']!r} is not 'forward' or 'backward'")
         else:
             if not isinstance(data.get("arguments"), dict):
                 raise ValueError("the field 'arguments' is missing")

@@ -21,6 +21,7 @@ from .cases import (
     content_of_test,
     decode_case,
     scan,
+    unwritable,
     write_case,
 )
 from .config import Config
@@ -162,6 +163,11 @@ class Session:
         except ValueError:
             return str(path)
 
+    def save_problem(self, exc: OSError) -> str:
+        """Why a case could not be written, and how to point the plugin elsewhere."""
+        return (unwritable(Path(self.rel(self.cfg.regressions)), exc) + "; pass a writable directory with "
+                "--exactref-regressions DIR or set regressions in [tool.exactref]")
+
     def report_suite_failures(self, item: SuiteItem, run: Any) -> str:
         """The failure text of a suite item; saves each minimal case on the way."""
         failures = run.failures
@@ -194,7 +200,11 @@ class Session:
         if self.cfg.regressions is None:
             return ("Not saved: no regressions directory (set regressions = \"tests/exactref_regressions\" "
                     "in [tool.exactref], or pass --exactref-regressions DIR).")
-        path = write_case(self.cfg.regressions, content)
+        try:
+            path = write_case(self.cfg.regressions, content)
+        except OSError as error:
+            # The mismatch above is the news; a bad directory must not bury it under a traceback.
+            return f"Not saved: {self.save_problem(error)}"
         item.user_properties.append((_SAVED, self.rel(path)))
         return (f"Saved as the regression case {self.rel(path)}; it replays first on every run. "
                 f"`exactref to-pytest {self.rel(path)}` turns it into a standalone test.")
@@ -410,7 +420,11 @@ class Session:
             except TypeError as err:
                 report.sections.append(("exactref", f"The failing case was not saved: {err}"))
                 continue
-            path = write_case(self.cfg.regressions, content)
+            try:
+                path = write_case(self.cfg.regressions, content)
+            except OSError as err:
+                report.sections.append(("exactref", f"The failing case was not saved: {self.save_problem(err)}"))
+                continue
             report.user_properties.append((_SAVED, self.rel(path)))
             report.sections.append(("exactref", f"Saved the minimal failing case as {self.rel(path)}; "
                                                 "it replays first on every run."))
