@@ -19,7 +19,16 @@ position).  The false-alarm rows are the same rates for correct kernels on
 several kinds of data: every detector should show 0 there.  A detector whose
 API is missing prints n/a.
 
-Run: python benchmarks/bench_sharpness.py [--trials N] [--quick] [--seed S]
+Attention (float16 q, k, v ~ N(0, 1) of shape (1, 2, L, 64), L = 128 and
+256, causal and not) has no declared-order model yet: its declared-order and
+probabilistic cells are n/a, and its default-model cell is ExactRef under
+the AttentionAlgorithm that fits the kernel, FLASH_ATTENTION for a
+FlashAttention-2 style forward written in numpy (and for PyTorch's CPU fused
+kernel), MATH for a numpy math path.  The planted bugs are in the
+FlashAttention-2 kernel; assert_close compares with the float64 math path of
+the float16 inputs, rounded to float16.
+
+Run: python benchmarks/bench_sharpness.py [--trials N] [--quick] [--seed S] [--only SECTION ...]
 """
 
 from __future__ import annotations
@@ -221,6 +230,159 @@ class Case:
         return bugs
 
 
+# ------------------------------------------------------------------ attention
+
+BLOCK_N = 64  # keys per block of the FlashAttention-2 style kernel
+ATTENTION_TRIALS = 8  # the default cap on attention's trials (each trial: 4 shapes, 2 exact references)
+
+
+def flash_attention(q, k, v, causal: bool, *, half_acc: bool = False, no_rescale_block: int | None = None,
+                    diagonal_masked: bool = False) -> np.ndarray:
+    """A FlashAttention-2 style forward: blocks of BLOCK_N keys, an online softmax whose running max m and
+    sum l are float32, P = exp(S - m) in float32 rounded to float16 before P V, P V accumulated in float32,
+    the output divided by l and rounded to float16 at the end.
+
+    The planted bugs: ``half_acc`` rounds the accumulator to float16 after each block's contribution;
+    ``no_rescale_block`` leaves the accumulator unrescaled (no acc *= exp(m_old - m_new)) on that block;
+    ``diagonal_masked`` writes the causal mask as i > j for i >= j, so no query sees its own key.
+    """
+    f32 = np.float32
+    q32, k32, v32 = (x.astype(f32) for x in (q, k, v))
+    L, S = q.shape[-2], k.shape[-2]
+    scale = f32(1 / math.sqrt(q.shape[-1]))
+    m = np.full(q.shape[:-1] + (1,), -np.inf, f32)
+    l = np.zeros_like(m)
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:], f32)
+    i = np.arange(L)[:, None]
+    for b, j0 in enumerate(range(0, S, BLOCK_N)):
+        s = (q32 @ np.swapaxes(k32[..., j0:j0 + BLOCK_N, :], -1, -2)) * scale
+        if causal:
+            j = np.arange(j0, min(j0 + BLOCK_N, S))[None, :]
+            s = np.where(i > j if diagonal_masked else i >= j, s, f32(-np.inf))
+        m_new = np.maximum(m, s.max(-1, keepdims=True))
+        m_safe = np.where(m_new == -np.inf, f32(0), m_new)  # a row with no key yet: shift by 0
+        alpha = np.exp(m - m_safe)
+        p = np.exp(s - m_safe)
+        l = l * alpha + p.sum(-1, keepdims=True, dtype=f32)
+        m = m_new
+        acc = (acc if b == no_rescale_block else acc * alpha) + p.astype(np.float16).astype(f32) @ v32[..., j0:j0 + BLOCK_N, :]
+        if half_acc:
+            acc = acc.astype(np.float16).astype(f32)
+    out = np.where(l > 0, acc / np.where(l > 0, l, f32(1)), f32(0))
+    return out.astype(np.float16)
+
+
+def math_attention(q, k, v, causal: bool) -> np.ndarray:
+    """PyTorch's math path for half inputs on CPU, in numpy: float32 throughout, sqrt(scale) applied to q and
+    to k, a float32 softmax, P V in float32, rounded to float16 at the end."""
+    f32 = np.float32
+    r = f32(math.sqrt(1 / math.sqrt(q.shape[-1])))
+    s = (q.astype(f32) * r) @ np.swapaxes(k.astype(f32) * r, -1, -2)
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, f32(-np.inf))
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True, dtype=f32)
+    return (p @ v.astype(f32)).astype(np.float16)
+
+
+def torch_fused_attention(q, k, v, causal: bool) -> np.ndarray:
+    """PyTorch's CPU fused kernel on float16 tensors."""
+    t = [torch.from_numpy(x) for x in (q, k, v)]
+    return torch.nn.functional.scaled_dot_product_attention(*t, is_causal=causal).numpy()
+
+
+def attention_reference64(q, k, v, causal: bool) -> np.ndarray:
+    """The float64 math path of the float16 inputs."""
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    s = q64 @ np.swapaxes(k64, -1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v64
+
+
+@dataclass
+class AttentionCase:
+    """float16 attention of shape (1, 2, L, 64), q, k, v ~ N(0, 1)."""
+
+    L: int
+    causal: bool
+    heads: int = 2
+    E: int = 64
+
+    @property
+    def name(self) -> str:
+        return f"attention float16 L={self.L}{' causal' if self.causal else ''}"
+
+    def inputs(self, rng):
+        return tuple(rng.standard_normal((1, self.heads, self.L, self.E)).astype(np.float16) for _ in range(3))
+
+    def correct_kernels(self) -> dict:
+        """name -> (AttentionAlgorithm the kernel belongs to, kernel(inputs))."""
+        A = er.AttentionAlgorithm
+        return {
+            f"FlashAttention-2 style numpy kernel, BLOCK_N={BLOCK_N} (FLASH_ATTENTION)":
+                (A.FLASH_ATTENTION, lambda i: flash_attention(*i, self.causal)),
+            "PyTorch's CPU fused kernel (FLASH_ATTENTION)": (A.FLASH_ATTENTION, lambda i: torch_fused_attention(*i, self.causal)),
+            "numpy math path (MATH)": (A.MATH, lambda i: math_attention(*i, self.causal)),
+        }
+
+    def bugs(self) -> dict:
+        """The planted bugs, all in the FlashAttention-2 kernel: name -> kernel(inputs, rng)."""
+        blocks = -(-self.L // BLOCK_N)
+        bugs = {
+            "P V accumulated in float16": lambda i, r: flash_attention(*i, self.causal, half_acc=True),
+            # Block 0 rescales a zero accumulator: the bug can only show from block 1 on.
+            "no rescale of acc on one block": lambda i, r: flash_attention(
+                *i, self.causal, no_rescale_block=int(r.integers(1, blocks))),
+        }
+        if self.causal:
+            bugs["causal mask i > j for i >= j (diagonal masked)"] = lambda i, r: flash_attention(
+                *i, self.causal, diagonal_masked=True)
+        for k in (1, 4):
+            bugs[f"{k} ulp{'s' if k > 1 else ''} in one element"] = (
+                lambda i, r, k=k: ok.ulps_off(flash_attention(*i, self.causal), k, r))
+        return bugs
+
+
+def attention_cases() -> list[AttentionCase]:
+    return [AttentionCase(L, causal) for L in (128, 256) for causal in (False, True)]
+
+
+def attention_assert_close_detects(out, ref64) -> bool:
+    try:
+        torch.testing.assert_close(torch.from_numpy(out), torch.from_numpy(ref64.astype(np.float16)))
+    except AssertionError:
+        return True
+    return False
+
+
+class JudgedAttention:
+    """One set of attention inputs: ExactRef under each AttentionAlgorithm asked for (computed once) and the
+    float64 reference, asked about many outputs."""
+
+    def __init__(self, case: AttentionCase, inp):
+        self.case, self.inp = case, inp
+        self.results = {}
+        self.ref64 = attention_reference64(*inp, case.causal)
+
+    def detections(self, out, algorithm) -> dict:
+        if algorithm not in self.results:
+            self.results[algorithm] = er.scaled_dot_product_attention(
+                *self.inp, is_causal=self.case.causal, algorithm=algorithm)
+        return {"default": not bool(np.all(self.results[algorithm].covers(out))), "declared": None,
+                "probabilistic": None, "assert_close": attention_assert_close_detects(out, self.ref64)}
+
+
+def run_attention(case: AttentionCase, trials: int, tally: Tally, alarms: Tally, rng):
+    for _ in range(trials):
+        judged = JudgedAttention(case, case.inputs(rng))
+        for kernel, (algorithm, run) in case.correct_kernels().items():
+            alarms.add(f"false alarms: attention float16, {kernel}", judged.detections(run(judged.inp), algorithm))
+        for bug, kernel in case.bugs().items():
+            tally.add(f"{case.name}: {bug}",
+                      judged.detections(kernel(judged.inp, rng), er.AttentionAlgorithm.FLASH_ATTENTION))
+
 # ------------------------------------------------------------------ detection
 
 def to_torch(x, dtype: str) -> torch.Tensor:
@@ -321,13 +483,22 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a 30-second smoke run: fewer sizes and trials")
     parser.add_argument("--heavy-trials", type=int, default=None,
                         help="trials for sums of n >= 10**5 and grad_A at N = 16384 (default 5; 1 with --quick)")
+    parser.add_argument("--attention-trials", type=int, default=None,
+                        help=f"trials per attention case (default: --trials, at most {ATTENTION_TRIALS})")
     parser.add_argument("--seed", type=int, default=20261201)
+    parser.add_argument("--only", nargs="+", metavar="SECTION", default=None,
+                        help="run only the sections whose names start with these (e.g. attention, matmul, "
+                             "'sum float16', ratios)")
     args = parser.parse_args()
     trials = args.trials or (2 if args.quick else 20)
     heavy = args.heavy_trials or (1 if args.quick else 5)
+    attention_trials = args.attention_trials or min(trials, ATTENTION_TRIALS)
+
+    def selected(section: str) -> bool:
+        return args.only is None or any(section.startswith(prefix) for prefix in args.only)
     rng = np.random.default_rng(args.seed)
     start = time.perf_counter()
-    print(f"bench_sharpness: {trials} trials per case ({heavy} for sums of n >= 10**5 and grad_A N=16384), seed {args.seed}, torch {torch.__version__}, numpy {np.__version__}")
+    print(f"bench_sharpness: {trials} trials per case ({heavy} for sums of n >= 10**5 and grad_A N=16384, {attention_trials} for attention), seed {args.seed}, torch {torch.__version__}, numpy {np.__version__}")
     print(f"declared orders: matmul and grad_A {DECLARED_MATMUL}, sum {DECLARED_SUM!r}; "
           f"probabilistic failure_rate {FAILURE_RATE:g}")
     missing = exactref_models(DECLARED_MATMUL)["declared"] is None
@@ -336,12 +507,20 @@ def main() -> None:
 
     tally, alarms, timings = Tally(), Tally(), []
     for section, section_cases in cases(args.quick).items():
+        if not selected(section):
+            continue
         t0 = time.perf_counter()
         for case in section_cases:
             run_case(case, heavy if case.heavy else trials, exactref_models(case.declared), tally, alarms, rng)
         timings.append((section, time.perf_counter() - t0))
         print(f"  {section}: {timings[-1][1]:.1f} s", flush=True)
-    print("  attention: skipped (no attention kernel emulation of a declared order yet)")
+    if selected("attention"):
+        t0 = time.perf_counter()
+        for case in attention_cases():
+            run_attention(case, attention_trials, tally, alarms, rng)
+        timings.append(("attention", time.perf_counter() - t0))
+        print(f"  attention: {timings[-1][1]:.1f} s ({attention_trials} trials per case; no declared-order "
+              "model for attention yet: those cells are n/a)", flush=True)
 
     print()
     print("| planted bug | " + " | ".join(HEADERS) + " |")
@@ -349,11 +528,14 @@ def main() -> None:
     for line in tally.lines():
         print(line)
     print()
-    print("| correct kernel of the declared order | " + " | ".join(HEADERS) + " |")
+    print("| correct kernel of the declared order (attention: of its AttentionAlgorithm) | " + " | ".join(HEADERS) + " |")
     print("|---" * (len(HEADERS) + 1) + "|")
     for line in alarms.lines():
         print(line)
 
+    if not selected("ratios"):
+        print(f"total wall time {time.perf_counter() - start:.1f} s")
+        return
     t0 = time.perf_counter()
     print()
     big = 4096 if args.quick else 16384

@@ -288,8 +288,9 @@ def arrays(*, dtype: Any, shape: Any, specials: Any = True, max_abs: float | Non
 
     >>> import numpy as np
     >>> from hypothesis import find
-    >>> find(arrays(dtype="bfloat16", shape=(3,)), lambda a: np.isnan(a.astype(np.float32)).any())
-    array([nan, 0, 0], dtype=bfloat16)
+    >>> a = find(arrays(dtype="bfloat16", shape=(3,)), lambda a: np.isnan(a.astype(np.float32)).any())
+    >>> a.dtype.name, a.astype(np.float32).tolist()
+    ('bfloat16', [nan, 0.0, 0.0])
     """
     fmt = _read_format(dtype)
     classes = check_classes("specials", specials, SPECIAL_CLASSES)
