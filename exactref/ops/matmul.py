@@ -151,8 +151,11 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
         elif declared(model) and dot is not None:
             E, may_overflow = _ordered_dot(dot, S, model, acc, out, n, exact, underflow, extra_depth, coef)
             if tin is not None:
-                # Every partial sum of the rounded inputs' products is off by at most E_in.
-                E = up(E + gamma(n, acc.unit_roundoff) * E_in * (1 + 3 * tin.unit_roundoff))
+                # Every partial sum of the rounded inputs' products is off by at most E_in, and fewer than
+                # 2n roundings (additions, and the depths of any-order blocks) see one.
+                E = up(E + gamma(2 * n, acc.unit_roundoff) * E_in * (1 + 3 * tin.unit_roundoff))
+            # The bound for any order holds for this one too: at small sizes it can be the tighter.
+            E = np.minimum(E, E_any)
         else:
             E = E_any
             may_overflow = overflow_possible(S, acc, depth)

@@ -263,3 +263,24 @@ def test_empty_sums_and_empty_outputs_under_every_order(order, failure_rate):
     assert g["grad_A"].shape == (2, 0) and g["grad_B"].shape == (0, 3)
     assert er.sum(np.zeros((2, 0), np.float32), axis=1, model=m).covers(np.zeros(2)).all()
     assert er.sum(np.zeros((0, 4), np.float32), axis=1, model=m).shape == (0,)
+
+
+@pytest.mark.parametrize("preset", [er.models.TF32_MATMUL, er.models.BF16_MATMUL])
+@pytest.mark.parametrize("kind", ["normal", "cancel"])
+def test_rounded_inputs_under_a_declared_order_cover_their_kernels(preset, kind):
+    from . import order_kernels as ok
+
+    rng = np.random.default_rng(11)
+    for K in (7, 129, 4096):
+        A = rng.standard_normal((4, K)).astype(np.float32)
+        B = rng.standard_normal((K, 4)).astype(np.float32)
+        if kind == "cancel":
+            B[K // 2:] = -B[:K - K // 2][: K - K // 2] if K > 1 else B[K // 2:]
+            A[:, K // 2:] = A[:, :K - K // 2]
+        kernel = ok.tf32_inputs_matmul if preset is er.models.TF32_MATMUL else ok.bf16_inputs_matmul
+        for order, kernel_order in ((Blocked(32), ok.Blocked(32)), ("sequential", "sequential")):
+            got = kernel(A, B, kernel_order, rng=rng)
+            res = er.matmul(A, B, model=preset.replace(order=order))
+            assert res.covers(got).all(), (preset, order, K, kind)
+            # The inputs' rounding does not depend on the order, so it stays in the bound.
+            assert np.all(res.tolerance <= er.matmul(A, B, model=preset).tolerance)
