@@ -80,10 +80,29 @@ def asarray(obj: Any, dtype: Any = None) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise TypeError(f"obj={_short(obj)} cannot be read as an array: {exc}") from None
     if arr.dtype == object:
-        raise TypeError(f"obj={_short(obj)} is not a rectangular array of numbers")
+        arr = _from_objects(arr, obj)
     if fmt is None:
         fmt = _infer_format(arr, obj)
     return convert(arr, fmt)
+
+
+class _IntegerValues(TypeError):
+    """Integer or bool values without a dtype: the fix depends on where they were passed."""
+
+    def __init__(self, message: str, dtype: np.dtype) -> None:
+        super().__init__(message)
+        self.dtype = dtype
+
+
+def _from_objects(arr: np.ndarray, obj: Any) -> np.ndarray:
+    """An object array whose elements are all floats, as a float array; otherwise a TypeError."""
+    items = arr.ravel().tolist() if arr.size else []
+    if items and all(isinstance(v, (float, np.floating)) for v in items):
+        return arr.astype(np.result_type(*{np.asarray(v).dtype for v in items}))
+    if isinstance(obj, np.ndarray):
+        raise TypeError(f"obj={_short(obj)} is an object array (dtype=object) and not all its elements are "
+                        "floats; convert it first with obj.astype(float)")
+    raise TypeError(f"obj={_short(obj)} is not a rectangular array of numbers")
 
 
 def _infer_format(arr: np.ndarray, obj: Any) -> Format | ComplexFormat:
@@ -92,8 +111,8 @@ def _infer_format(arr: np.ndarray, obj: Any) -> Format | ComplexFormat:
     if from_python and kind in "fc":
         return FORMATS["complex64"] if kind == "c" else FLOAT32
     if kind in "iub":
-        raise TypeError(f"obj holds {arr.dtype} values, which no supported format is; "
-                        "pass dtype='float32' (or another float format) to convert them")
+        raise _IntegerValues(f"obj holds {arr.dtype} values, which no supported format is; "
+                             "pass dtype='float32' (or another float format) to convert them", arr.dtype)
     return format_of(arr.dtype, argument="obj's dtype")
 
 
@@ -140,18 +159,32 @@ class Operand:
         return self.array.shape
 
 
+def _too_large(obj: numbers.Integral, name: str) -> None:
+    text = str(obj)
+    short = text if len(text) <= 20 else f"{text[:12]}...({len(text.lstrip('-'))} digits)"
+    try:
+        float(obj)
+    except OverflowError:
+        raise OverflowError(f"{name}={short} does not fit in float64, whose largest "
+                            "value is about 1.8e308") from None
+    raise ValueError(f"{name}={short} is an integer too large to be a float64 exactly")
+
+
 def operand(obj: Any, name: str) -> Operand:
     """Read argument ``name``: a Python number becomes a scalar operand, anything else an array."""
     if isinstance(obj, bool):
         raise TypeError(f"{name}={obj!r} is a bool; pass a float")
     if isinstance(obj, numbers.Number) and not isinstance(obj, np.generic):
-        value = complex(obj) if isinstance(obj, complex) else float(obj)
         if isinstance(obj, numbers.Integral) and abs(obj) > 2 ** 53:
-            raise ValueError(f"{name}={obj} is an integer too large to be a float64 exactly")
+            _too_large(obj, name)
+        value = complex(obj) if isinstance(obj, complex) else float(obj)
         fmt = FORMATS["complex128"] if isinstance(value, complex) else FORMATS["float64"]
         return Operand(name, np.asarray(value), fmt, 0, value)
     try:
         arr = asarray(obj)
+    except _IntegerValues as exc:
+        raise TypeError(f"{name}: obj holds {exc.dtype} values, which no supported format is; convert it "
+                        f"first with er.asarray({name}, 'float32') (or another float format)") from None
     except TypeError as exc:
         raise TypeError(f"{name}: {exc}") from None
     return Operand(name, arr, format_of(arr.dtype), 2 if arr.ndim else 1)

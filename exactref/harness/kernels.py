@@ -331,7 +331,12 @@ def call_kernel(kernel: Kernel, direction: str, inputs: Mapping[str, Any], kwarg
     kw = {k: _convert(v, kernel, device) for k, v in kwargs.items()}
     try:
         if direction == "forward":
-            return _output(kernel.forward(*args, **kw), kernel, "output")
+            out = kernel.forward(*args, **kw)
+    except Exception as exc:
+        raise KernelRaisedError(_raised(kernel, direction, exc)) from exc
+    if direction == "forward":
+        return _output(out, kernel, "output")
+    try:
         g = _convert(grad, kernel, device)
         if autograd:
             out = kernel.forward(*args, **kw)
@@ -355,7 +360,10 @@ def _raised(kernel: Kernel, direction: str, exc: BaseException) -> str:
 
 def _output(value: Any, kernel: Kernel, what: str) -> np.ndarray:
     value = to_numpy(value)
-    if isinstance(value, (list, tuple, int, float, complex, np.generic)):
+    if isinstance(value, (list, tuple)):
+        raise KernelOutputError(f"the {kernel.op} kernel ({kernel.source}) returned a {type(value).__name__} "
+                                f"{value!r:.60} as its {what}; return a torch tensor or a numpy array")
+    if isinstance(value, (int, float, complex, np.generic)):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray):
         raise KernelOutputError(f"the {kernel.op} kernel ({kernel.source}) returned {type(value).__name__} "
@@ -363,13 +371,24 @@ def _output(value: Any, kernel: Kernel, what: str) -> np.ndarray:
     return value
 
 
+def _check_names(unknown: list[str], kernel: Kernel, names: list[str]) -> None:
+    """Raise for gradient names a backward returned that this case does not have."""
+    if not unknown:
+        return
+    op_names = [f"grad_{n}" for n in OP_INPUTS[kernel.op].inputs]
+    extra = [n for n in unknown if n not in op_names]
+    if extra:
+        what = f"an extra gradient {extra[0]}" if len(extra) == 1 else f"extra gradients {', '.join(extra)}"
+        raise KernelOutputError(f"the {kernel.op} backward ({kernel.source}) returned {what} that this op does "
+                                f"not have; its gradients are {', '.join(op_names)}")
+    raise KernelOutputError(f"the {kernel.op} backward ({kernel.source}) returned gradients {unknown} of "
+                            f"inputs that are not arrays in this case; this case's gradients are {names}")
+
+
 def _gradients(got: Any, kernel: Kernel, array_names: list[str]) -> dict[str, np.ndarray]:
     names = [f"grad_{n}" for n in array_names]
     if isinstance(got, Mapping):
-        unknown = sorted(set(got) - set(names))
-        if unknown:
-            raise KernelOutputError(f"the {kernel.op} backward ({kernel.source}) returned gradients {unknown}; "
-                                    f"this case's gradients are {names}")
+        _check_names(sorted(set(got) - set(names)), kernel, names)
         return {n: _output(v, kernel, n) for n, v in got.items() if v is not None}
     if isinstance(got, (tuple, list)):
         all_names = [f"grad_{n}" for n in OP_INPUTS[kernel.op].inputs]

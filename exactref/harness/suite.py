@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ from .judge import BaseExceptionGroup, first_line, is_keyed, judge
 from .judge import flatten as _flatten
 from .kernels import Kernel, kernel_formats
 
-__all__ = ["Cell", "CellRun", "cells", "run_cell", "strategy_source", "suite_case"]
+__all__ = ["Cell", "CellRun", "KnownFailurePassed", "cells", "no_longer_fails", "run_cell", "strategy_source",
+           "suite_case"]
 
 TARGET_LABEL = "worst error/tolerance ratio"
 # hypothesis.target needs a finite score.
@@ -113,6 +115,9 @@ def cell_strategy(cell: Cell) -> Any:
     try:
         return sx.strategy_for(cell.op, **options)
     except TypeError as first:
+        typo = _unknown_options(cell)
+        if typo is not None:
+            raise typo from None
         if cell.op not in sx.registered():
             raise
         try:
@@ -120,6 +125,29 @@ def cell_strategy(cell: Cell) -> Any:
         except TypeError:
             raise first from None
         return plain.filter(lambda case: case.format.name == cell.fmt)
+
+
+def _unknown_options(cell: Cell) -> TypeError | None:
+    """The error naming the kernel's strategy_options that its strategy factory does not take, if any."""
+    import inspect
+
+    from strategies import registry
+
+    factory = registry._REGISTRY.get(cell.op, (registry.BUILTIN[cell.op],))[0]
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    valid = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "dtypes"]
+    unknown = [k for k in cell.kernel.strategy_options if k not in valid]
+    if not unknown:
+        return None
+    module = cell.kernel.source.rsplit(":", 1)[0]
+    return TypeError(f"{module}.EXACTREF_KERNELS[{cell.op!r}]['strategy_options'] has unknown "
+                     f"key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; the strategy factory "
+                     f"{strategy_source(cell.op)} takes {', '.join(valid) or 'none'} ('dtypes' is set per format)")
 
 
 class _OutOfTime(BaseException):
@@ -248,7 +276,23 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
             raise
         run.failures = _distinct(_flatten(exc))
     run.seconds = time.perf_counter() - start
+    if no_longer_fails(run):
+        warnings.warn(KnownFailurePassed(no_longer_fails(run)), stacklevel=2)
     return run
+
+
+class KnownFailurePassed(UserWarning):
+    """A cell listed in its kernel's known_failures passed: the entry is out of date."""
+
+
+def no_longer_fails(run: CellRun) -> str:
+    """What to say of a run whose cell is a known failure but which passed; empty otherwise."""
+    cell = run.cell
+    if not cell.known_failure or not run.passed or run.skipped or not run.examples:
+        return ""
+    module = cell.kernel.source.rsplit(":", 1)[0]
+    return (f"{cell.name}: known failure no longer fails: remove the entry {cell.fmt!r} from "
+            f"{module}.EXACTREF_KERNELS[{cell.op!r}]['known_failures'] (its reason: {cell.known_failure})")
 
 
 def audit_settings() -> settings:

@@ -27,10 +27,12 @@ and derived in docs/attention.md.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ...errors import OutOfToleranceError, SpecialValueError
 from ...formats import Format
 from ...result import Gradients, Result, judge
 from ...rounding import decide, next_down, next_up
@@ -177,9 +179,31 @@ def _decide(passes: tuple[second.SecondPass, Refiner], which: str,
     return rounded, x_lo, x_hi
 
 
+_FLASH_HINT = ("The output is covered under FLASH_ATTENTION, the class of PyTorch's CPU fused kernel for half "
+               "formats: pass algorithm=er.AttentionAlgorithm.FLASH_ATTENTION if that kernel ran.")
+
+
+class _MathResult(Result):
+    """A MATH forward of half inputs: a failed check says whether FLASH_ATTENTION covers the output."""
+
+    def __init__(self, *, flash: Callable[[], Result], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._flash = flash
+
+    def check(self, x: Any, *, worst: int = 5) -> None:
+        __tracebackhide__ = True
+        try:
+            super().check(x, worst=worst)
+        except (OutOfToleranceError, SpecialValueError) as exc:
+            if not self._flash().covers(x).all():
+                raise
+            raise type(exc)(f"{exc}\n{_FLASH_HINT}", op=exc.op, indices=exc.indices, **exc.details) from None
+
+
 def _result(st: _State, passes: tuple[second.SecondPass, Refiner], which: str,
             enclosure: tuple[np.ndarray, np.ndarray, np.ndarray], E: np.ndarray, overflow: np.ndarray,
-            special: np.ndarray | None, algorithm: AttentionAlgorithm, backward: Any = None) -> Result:
+            special: np.ndarray | None, algorithm: AttentionAlgorithm, backward: Any = None,
+            flash: Callable[[], Result] | None = None) -> Result:
     pb = st.pb
     fmt = pb.fmt
     shape = pb.out_shape if which == "out" else pb.shapes[which]
@@ -193,8 +217,9 @@ def _result(st: _State, passes: tuple[second.SecondPass, Refiner], which: str,
     def exact(index: tuple[int, ...]) -> Any:
         return refiner.exact_value(which, int(np.ravel_multi_index(index, shape)))
 
-    return Result(op=refiner.name(which), fmt=fmt, parts=[part], model=algorithm, exact=exact,
-                  backward=backward, no_backward=f"{refiner.name(which)} has no backward")
+    kind, extra = (Result, {}) if flash is None else (_MathResult, {"flash": flash})
+    return kind(op=refiner.name(which), fmt=fmt, parts=[part], model=algorithm, exact=exact,
+                backward=backward, no_backward=f"{refiner.name(which)} has no backward", **extra)
 
 
 def _forward(st: _State, algorithm: AttentionAlgorithm) -> Result:
@@ -205,8 +230,12 @@ def _forward(st: _State, algorithm: AttentionAlgorithm) -> Result:
         return _backward(st, grad, algorithm)
 
     passes = (second.SecondPass(st.pb, fp, None), Refiner(st.pb, fp, OP, None))
+    flash = None
+    if algorithm is AttentionAlgorithm.MATH and st.pb.fmt.name in ("float16", "bfloat16"):
+        def flash() -> Result:
+            return _forward(st, AttentionAlgorithm.FLASH_ATTENTION)
     return _result(st, passes, "out", (fp.O_hi, fp.O_lo, fp.rad_O), E, overflow, st.special_out, algorithm,
-                   backward)
+                   backward, flash)
 
 
 def _backward(st: _State, grad: Any, algorithm: AttentionAlgorithm) -> Gradients:

@@ -1,0 +1,74 @@
+"""Faults of the public API that the issue reported, each with the behaviour or message it must give."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import exactref as er
+
+torch = pytest.importorskip("torch")
+
+
+# ---------------------------------------------------------------- 12: messages
+
+
+def test_an_object_array_of_floats_is_read_as_floats():
+    a = er.asarray(np.array([1.0, 2.0], dtype=object))
+    assert a.dtype == np.float64 and a.tolist() == [1.0, 2.0]
+
+
+def test_an_object_array_of_other_things_says_to_convert_it():
+    with pytest.raises(TypeError, match=r"is an object array \(dtype=object\).*obj\.astype\(float\)"):
+        er.asarray(np.array([1.0, "a"], dtype=object))
+
+
+def test_integer_operands_point_to_er_asarray_not_a_dtype_keyword():
+    with pytest.raises(TypeError) as info:
+        er.matmul([[1]], [[2]])
+    text = str(info.value)
+    assert "er.asarray(A, 'float32')" in text and "dtype=" not in text, text
+
+
+def test_a_python_int_too_large_for_float64_names_the_argument():
+    with pytest.raises(OverflowError) as info:
+        er.add(np.ones(2, np.float32), 10 ** 400)
+    text = str(info.value)
+    assert text.startswith("y=100000000000...(401 digits) does not fit in float64"), text
+
+
+# ---------------------------------------------------------------- 13: sum over axis=()
+
+
+def test_sum_over_no_axes_sums_every_axis_as_torch_does():
+    x = np.arange(24.0, dtype=np.float32).reshape(2, 3, 4)
+    expected = torch.sum(torch.from_numpy(x), dim=())
+    res = er.sum(x, axis=())
+    assert res.shape == tuple(expected.shape) == ()
+    res.check(expected)
+    kept = er.sum(x, axis=(), keepdims=True)
+    assert kept.shape == tuple(torch.sum(torch.from_numpy(x), dim=(), keepdim=True).shape) == (1, 1, 1)
+    grad = er.sum.backward(x, np.float32(1.0), axis=())
+    assert grad.rounded.grad_x.shape == x.shape
+
+
+# ---------------------------------------------------------------- 17: half attention under MATH
+
+
+def test_a_half_attention_failing_under_math_names_flash_attention():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=g).half() for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(er.OutOfToleranceError) as info:
+        er.scaled_dot_product_attention(q, k, v).check(out)
+    assert "pass algorithm=er.AttentionAlgorithm.FLASH_ATTENTION" in str(info.value)
+    er.scaled_dot_product_attention(q, k, v, algorithm=er.AttentionAlgorithm.FLASH_ATTENTION).check(out)
+
+
+def test_a_half_attention_failing_under_flash_too_gets_no_hint():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 8, 4, generator=g).half() for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v) * 1.01
+    with pytest.raises(er.OutOfToleranceError) as info:
+        er.scaled_dot_product_attention(q, k, v).check(out)
+    assert "FLASH_ATTENTION" not in str(info.value)
