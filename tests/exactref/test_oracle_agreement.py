@@ -212,7 +212,8 @@ def test_sum_forward_and_backward_match_oracle(fmt, data, keepdims):
         [st.integers(0, len(shape) - 1), st.sets(st.integers(0, len(shape) - 1)).map(tuple)] if shape else [])))
     res = er.sum(x, axis=axis, keepdims=keepdims)
     xs = np.asarray(x)
-    axes = tuple(range(xs.ndim)) if axis is None else ((axis,) if isinstance(axis, int) else axis)
+    # As torch.sum: axis=() sums over every axis, as axis=None does.
+    axes = tuple(range(xs.ndim)) if axis in (None, ()) else ((axis,) if isinstance(axis, int) else axis)
     out_shape = res.shape
     keep_shape = tuple(1 if i in axes else n for i, n in enumerate(xs.shape))
     parts = [("real", lambda v: v.real), ("imag", lambda v: v.imag)] if fmt in COMPLEX else [("real", lambda v: v)]
