@@ -63,11 +63,17 @@ def _rule(part: Part, i: int, g: float, fmt_name: str) -> str | None:
     return None
 
 
+def typical_ratio(result: Result, index: tuple[int, ...], got: float, x_mid: float) -> tuple[float, float]:
+    """(|got - exact| / |typical - exact|, |typical - exact|) at ``index``, where typical is what one
+    emulated kernel of the model's declared order returns (0 where both are exact)."""
+    err, typical = abs(got - x_mid), abs(result._typical(index) - x_mid)
+    return (err / typical if typical else (0.0 if err == 0 else math.inf)), typical
+
+
 def _typical_line(result: Result, index: tuple[int, ...], got: float, x_mid: float) -> str:
     """How far the kernel is from one kernel of its declared order on the same inputs."""
-    typical = abs(result._typical(index) - x_mid)
+    ratio, typical = typical_ratio(result, index, got, x_mid)
     order = getattr(result.model, "order", "any")
-    ratio = abs(got - x_mid) / typical if typical else math.inf
     return (f"      off by {ratio:.3g} typical errors: one {order} kernel, emulated on these inputs, "
             f"is off by {typical:.3g}")
 

@@ -255,9 +255,10 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         runs, interrupted = _run_cells(selected, cfg, seed, progress)
     progress.close()
     elapsed = time.perf_counter() - started
-    from .harness.audit_report import counterexamples, summary
+    from .harness.audit_report import counterexamples, summary, table
 
-    print(_table(runs, interrupted), file=out)
+    # The stopped cell is the last row, marked "interrupted".
+    print(table(runs if interrupted is None else [*runs, interrupted]), file=out)
     print(counterexamples(runs), file=out, end="")
     status = summary(runs, elapsed, seed)
     print(_status_text(status.text, runs, interrupted, len(selected)), file=out)
@@ -273,10 +274,6 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         write_report(args.report, runs, kernel_name=kernel_name, seed=seed, elapsed=elapsed)
         print(f"wrote {args.report}", file=out)
     return EXIT_MISMATCH if status.failed else EXIT_OK
-
-
-class Interrupted(Exception):
-    """Marks the cell that Ctrl-C stopped, in the table of a partial audit."""
 
 
 class _CtrlC:
@@ -339,26 +336,15 @@ def _search(selected: list[Any], cfg: Any, seed: int, progress: Progress, ctrl_c
             return runs, None
         examples = progress.examples - began[0] if getattr(progress, "current", None) == selected[len(runs)].name \
             else 0
-        return runs, CellRun(selected[len(runs)], examples=examples, error=Interrupted(),
+        return runs, CellRun(selected[len(runs)], examples=examples, interrupted=True,
                              seconds=time.perf_counter() - began[1])
     return runs, None
-
-
-def _table(runs: list[Any], interrupted: Any) -> str:
-    from .harness.audit_report import table
-
-    if interrupted is None:
-        return table(runs)
-    text = table([*runs, interrupted])
-    # The stopped cell is the last row; its result reads "interrupted", not as an error of the search.
-    head, _, last = text.rpartition("\n")
-    return f"{head}\n{last.replace('error: Interrupted', 'interrupted')}"
 
 
 def _status_text(text: str, runs: list[Any], interrupted: Any, total: int) -> str:
     from .harness.suite import no_longer_fails
 
-    stale = [no_longer_fails(run) for run in runs if no_longer_fails(run)]
+    stale = [line for line in map(no_longer_fails, runs) if line]
     if stale:
         head, _, last = text.rpartition("\n")
         text = "\n".join([head, *stale, last] if head else [*stale, last])

@@ -26,6 +26,8 @@ def _ratio(r: float) -> str:
 
 
 def _note(run: Any) -> str:
+    if run.interrupted:
+        return "interrupted"
     if run.error is not None:
         return f"error: {type(run.error).__name__}"
     if run.failures and run.cell.known_failure:
@@ -41,7 +43,7 @@ def _note(run: Any) -> str:
 
 def _with_typical(runs: Sequence[Any]) -> bool:
     # The column appears only where some cell's model declares an order (it has a typical kernel).
-    return any(getattr(run, "typical", None) for run in runs)
+    return any(run.typical for run in runs)
 
 
 def _header(runs: Sequence[Any]) -> list[str]:

@@ -11,7 +11,6 @@ own (``except er.OutOfToleranceError`` still catches them).
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _report
 from ..errors import MismatchError, OutOfToleranceError, ShapeMismatchError, SpecialValueError
 from .cases import hex_float
 from .kernels import Kernel, KernelOutputError, KernelRaisedError, call_kernel
@@ -134,10 +134,7 @@ def typical_ratio(result: Any, got: np.ndarray) -> float | None:
     if index is None:
         return None
     part = result._parts[0]
-    mid = 0.5 * (part.x_lo[index] + part.x_hi[index])
-    err = abs(float(got[index]) - mid)
-    typical = abs(result._typical(index) - mid)
-    return err / typical if typical else (0.0 if err == 0 else math.inf)
+    return _report.typical_ratio(result, index, float(got[index]), 0.5 * (part.x_lo[index] + part.x_hi[index]))[0]
 
 
 def _worst(result: Any, got: np.ndarray) -> tuple[float, tuple[int, ...] | None]:

@@ -360,13 +360,12 @@ def _raised(kernel: Kernel, direction: str, exc: BaseException) -> str:
 
 def _output(value: Any, kernel: Kernel, what: str) -> np.ndarray:
     value = to_numpy(value)
-    if isinstance(value, (list, tuple)):
-        raise KernelOutputError(f"the {kernel.op} kernel ({kernel.source}) returned a {type(value).__name__} "
-                                f"{value!r:.60} as its {what}; return a torch tensor or a numpy array")
     if isinstance(value, (int, float, complex, np.generic)):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray):
-        raise KernelOutputError(f"the {kernel.op} kernel ({kernel.source}) returned {type(value).__name__} "
+        # A list or tuple is refused too: its dtype would be numpy's guess, not the kernel's.
+        kind = f"a {type(value).__name__}" if isinstance(value, (list, tuple)) else type(value).__name__
+        raise KernelOutputError(f"the {kernel.op} kernel ({kernel.source}) returned {kind} "
                                 f"{value!r:.60} as its {what}; return a torch tensor or a numpy array")
     return value
 

@@ -86,6 +86,8 @@ class CellRun:
     skipped: str = ""
     seconds: float = 0.0
     cut_short: bool = False
+    # Ctrl-C stopped the search of this cell (exactref audit keeps what it had).
+    interrupted: bool = False
 
     @property
     def worst(self) -> float:
@@ -276,8 +278,9 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
             raise
         run.failures = _distinct(_flatten(exc))
     run.seconds = time.perf_counter() - start
-    if no_longer_fails(run):
-        warnings.warn(KnownFailurePassed(no_longer_fails(run)), stacklevel=2)
+    stale = no_longer_fails(run)
+    if stale:
+        warnings.warn(KnownFailurePassed(stale), stacklevel=2)
     return run
 
 

@@ -416,13 +416,12 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
             inner = absX @ absY
         # ... and PyTorch stores it in the output format before the multiply.
         inner_overflow = inner * 1.01 >= min(accumulation_format(model, fin).max_finite, fin.max_finite)
+    dot = None if fmt.is_complex else (zero_nonfinite(Xf), zero_nonfinite(Yf))
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, copies=copies,
                      per_copy_rounding=rounded_partials, overflow=inner_overflow, coef=coef, absolute=absolute,
-                     stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)),
-                     dot=None if fmt.is_complex else (zero_nonfinite(Xf), zero_nonfinite(Yf)))
+                     stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)), dot=dot)
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
-    plain = coef == 1 and not rounded_partials and not fmt.is_complex
-    typical = _typical((zero_nonfinite(Xf), zero_nonfinite(Yf)), fin, model) if plain else None
+    typical = _typical(dot, fin, model) if coef == 1 and not rounded_partials else None
     return build(f"{op}.backward {name}", fmt, Xf.shape[:-2] + (Xf.shape[-2], Yf.shape[-1]), specs, model,
                  out_shape=shape, typical=typical)
 

@@ -106,29 +106,28 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
             E = up(E + pfmt.unit_roundoff * (sol.S + E) * 2)
         return E, overflow_possible(sol.S, acc, n)
 
+    # The terms of the finite values, for a declared order's bound and its emulated kernel.
+    source = RowSource(zero_nonfinite(moved)) if declared(model) and not fmt.is_complex else None
+
     def ordered_tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
-        E, partial_max = ordered_error(RowSource(zero_nonfinite(moved)), model.order, acc=acc, S=sol.S,
+        E, partial_max = ordered_error(source, model.order, acc=acc, S=sol.S,
                                        products_rounded=False, final_is_root=acc == pfmt,
                                        failure_rate=model.failure_rate)
         # The bound for any order holds for this one too: at small sizes it can be the tighter.
         E = np.minimum(E, dot_error(sol.S, depth=n - 1, acc=acc, out=pfmt))
         return E, partial_max >= acc.max_finite
 
-    chosen = ordered_tol if declared(model) and not fmt.is_complex else tol
+    chosen = tol if source is None else ordered_tol
     specs = [PartSpec(t, special[p] if special else None, chosen) for p, t in enumerate(terms(True))]
 
     def backward(grad: Any) -> Gradients:
         return _backward(o, axes, out_shape, grad, model)
 
-    typical = None
-    if declared(model) and not fmt.is_complex:
-        source = RowSource(zero_nonfinite(moved))
-
-        def typical(index: tuple[int, ...]) -> float:
-            return emulate(source.terms_at(index), model.order, acc, pfmt, False)
+    def typical(index: tuple[int, ...]) -> float:
+        return emulate(source.terms_at(index), model.order, acc, pfmt, False)
 
     return build("sum", fmt, moved.shape[:-1], specs, model, out_shape=out_shape, backward=backward,
-                 typical=typical)
+                 typical=None if source is None else typical)
 
 
 def _backward(o: Any, axes: tuple[int, ...], out_shape: tuple[int, ...], grad: Any, model: ErrorModel) -> Gradients:

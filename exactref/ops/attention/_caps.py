@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.fast import up
+from ...engine.fast import gamma, up
 from ...formats import Format
 from ._first import FirstPass, _cat_cols, _cat_rows_t, expm1_up, matmul_up
 
@@ -33,7 +33,7 @@ _CHUNK = 1 << 22  # elements of the (rows, S, Ev) working array of the hull
 
 
 def _g(n: int, u: float) -> float:
-    return n * u / (1 - n * u) * (1 + 2.0 ** -40)
+    return float(gamma(max(n, 0), u)) * (1 + 2.0 ** -40)
 
 
 def _hull(fp: FirstPass) -> tuple[np.ndarray, np.ndarray]:
