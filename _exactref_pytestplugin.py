@@ -30,6 +30,7 @@ STRATEGIES = "--exactref-strategies"
 REGRESSIONS = "--exactref-regressions"
 EXAMPLES = "--exactref-examples"
 DEVICE = "--exactref-device"
+TIMEOUT = "--exactref-timeout"
 
 _PLUGIN_NAME = "exactref-session"
 
@@ -48,6 +49,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="examples per suite item (default: the Hypothesis profile's max_examples)")
     group.addoption(DEVICE, metavar="DEVICE", default=None, dest="exactref_device",
                     help="the torch device kernels get their tensors on (default: cpu)")
+    group.addoption(TIMEOUT, metavar="SECONDS", default=None, dest="exactref_timeout",
+                    help="seconds one kernel call may take before it is a failure (default 60; 0: no limit)")
 
 
 def _pyproject_bytes(root: Path) -> bytes | None:
@@ -65,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "regressions": config.getoption("exactref_regressions"),
         "examples": config.getoption("exactref_examples"),
         "device": config.getoption("exactref_device"),
+        "timeout": config.getoption("exactref_timeout"),
     }
     raw = _pyproject_bytes(config.rootpath)
     # Most repositories never mention exactref: for them, nothing more is imported or parsed.

@@ -54,7 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--report", metavar="FILE", type=Path,
                        help="also write a report with plots: FILE.md (Markdown) or FILE.html (needs matplotlib)")
     audit.add_argument("--regressions", metavar="DIR", type=Path,
-                       help="save each minimal failing case there, as the pytest plugin does")
+                       help="replay the saved cases there first, and save each minimal failing case there, as "
+                            "the pytest plugin does (default: [tool.exactref] regressions, for its kernels)")
+    audit.add_argument("--timeout", metavar="SECONDS", help="seconds one kernel call may take before it is a "
+                                                            "failure (default: [tool.exactref] timeout, or 60; "
+                                                            "0: no limit)")
     case = sub.add_parser("to-pytest", help="turn a regression case into a standalone pytest file",
                           description="Turn a regression case file into a pytest file that replays it without "
                                       "Hypothesis.")
@@ -135,20 +139,26 @@ def to_pytest(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from .harness.config import ConfigError, build, read_pyproject
+    """The configuration: the nearest pyproject.toml with [tool.exactref] (as pytest finds its own),
+    overridden by the flags; its ``source`` attribute says where it came from, for the header."""
+    from .harness.config import ConfigError, build, find_pyproject, read_pyproject
 
-    root = Path.cwd()
     options = {"kernels": args.kernels, "strategies": args.strategies, "examples": args.examples,
-               "device": args.device, "ops": args.ops, "formats": args.dtypes,
+               "device": args.device, "ops": args.ops, "formats": args.dtypes, "timeout": args.timeout,
                "regressions": str(args.regressions) if args.regressions else None}
     try:
-        table = read_pyproject(root)
-        # The regression directory of the pytest plugin is not the audit's to write into.
-        if table is not None:
+        found = find_pyproject(Path.cwd())
+        root = found if found is not None else Path.cwd()
+        table = read_pyproject(root) if found is not None else None
+        if table is not None and args.kernels is not None and args.regressions is None:
+            # The saved cases there belong to the configured kernels, not to the ones given by --kernels.
             table = {k: v for k, v in table.items() if k != "regressions"}
-        return build(root, table, options)
+        cfg = build(root, table, options)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    cfg.source = (f"[tool.exactref] in {root / 'pyproject.toml'}" if found is not None
+                  else f"no [tool.exactref] in a pyproject.toml in {Path.cwd()} or above")
+    return cfg
 
 
 class Progress:
@@ -234,7 +244,7 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (ImportError, ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from None
 
-    from .harness.suite import KnownFailurePassed, cells
+    from .harness.suite import cells
 
     selected = cells(kernels, ops=cfg.ops, formats=cfg.formats)
     if not selected:
@@ -244,14 +254,14 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     kernel_name = cfg.kernels or f"{DEFAULT_KERNELS} (PyTorch {_torch_version()} on {cfg.device})"
     print(f"exactref audit: {kernel_name}; {len(selected)} cells (op, format, direction), "
           f"{cfg.examples} examples each; seed {seed}", file=out)
+    print(f"config: {cfg.source}", file=out)
+    replayed = _replay(cfg, kernels, selected, out)
     out.flush()
     progress = Progress(len(selected), err)
     started = time.perf_counter()
     with warnings.catch_warnings():
         # Kernels and references may overflow on purpose (special values); their warnings are noise here.
         warnings.simplefilter("ignore", RuntimeWarning)
-        # Said once, in the closing lines, rather than as a warning per cell.
-        warnings.simplefilter("ignore", KnownFailurePassed)
         runs, interrupted = _run_cells(selected, cfg, seed, progress)
     progress.close()
     elapsed = time.perf_counter() - started
@@ -260,7 +270,15 @@ def audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # The stopped cell is the last row, marked "interrupted".
     print(table(runs if interrupted is None else [*runs, interrupted]), file=out)
     print(counterexamples(runs), file=out, end="")
+    print(_replay_failures(replayed), file=out, end="")
     status = summary(runs, elapsed, seed)
+    still = [r for r in replayed if r.outcome in ("failed", "stale", "unreadable")]
+    if still:
+        n = len(still)
+        lines = [line for line in status.text.splitlines() if not line.startswith("PASSED")]
+        lines.append(f"FAILED: {n} saved regression case{'s' * (n != 1)} still fail{'s' * (n == 1)} "
+                     "or cannot be replayed (listed above).")
+        status.text, status.failed = "\n".join(lines), True
     print(_status_text(status.text, runs, interrupted, len(selected)), file=out)
     if cfg.regressions is not None:
         _save(runs, cfg, out)
@@ -327,7 +345,8 @@ def _search(selected: list[Any], cfg: Any, seed: int, progress: Progress, ctrl_c
             progress.cell(cell.name)
             began = (progress.examples, time.perf_counter())
             runs.append(run_cell(cell, base=audit_settings(), examples=cfg.examples, device=cfg.device,
-                                 seed_value=seed, shrink_seconds=SHRINK_SECONDS, on_example=ctrl_c.example))
+                                 seed_value=seed, shrink_seconds=SHRINK_SECONDS, on_example=ctrl_c.example,
+                                 timeout=cfg.timeout))
             progress.finish_cell()
     except KeyboardInterrupt:
         # What finished is kept: a long audit stopped late must not lose its results.  Ctrl-C may land
@@ -355,6 +374,37 @@ def _status_text(text: str, runs: list[Any], interrupted: Any, total: int) -> st
     lines.append(f"INTERRUPTED: Ctrl-C stopped {interrupted.cell.name}; {len(runs)} of {total} cells finished, "
                  "and only they are reported above.")
     return "\n".join(lines)
+
+
+def _replay(cfg: Any, kernels: Any, selected: list[Any], out: TextIO) -> list[Any]:
+    """Replay the saved suite cases of the audited kernels in the selected cells' ops and formats, and say
+    how many; [] without a directory."""
+    if cfg.regressions is None:
+        print("regression cases: none replayed (no regressions directory: set regressions in "
+              "[tool.exactref], or pass --regressions DIR)", file=out)
+        return []
+    from .harness.replay import replay_directory
+
+    module = cfg.kernels or DEFAULT_KERNELS
+    wanted = {(c.op, c.fmt, c.direction) for c in selected}
+    replayed = replay_directory(cfg.regressions, kernels, module=module, device=cfg.device, timeout=cfg.timeout,
+                                root=cfg.root, cells=wanted)
+    counts = {k: sum(r.outcome == k for r in replayed) for k in ("passed", "failed", "known", "skipped", "stale",
+                                                                  "unreadable")}
+    told = ", ".join(f"{n} {k}" for k, n in counts.items() if n and k != "passed")
+    n = len(replayed)
+    print(f"regression cases: {n} saved case{'s' * (n != 1)} of {module} replayed from {cfg.regressions}"
+          f"{f' ({told})' if told else (' (all pass)' if n else '')}", file=out)
+    return replayed
+
+
+def _replay_failures(replayed: list[Any]) -> str:
+    """The report of every saved case that still fails or cannot be replayed; empty when there is none."""
+    blocks = [f"== {r.path.name}: {r.outcome if r.outcome != 'known' else 'known failure'}\n{r.text}"
+              for r in replayed if r.outcome in ("failed", "known", "stale", "unreadable")]
+    if not blocks:
+        return ""
+    return "\nSaved regression cases that still fail\n\n" + "\n\n".join(blocks) + "\n\n"
 
 
 def _torch_version() -> str:

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import exactref
+import exactref.harness
 import exactref.models
 import strategies
 
@@ -30,6 +31,7 @@ def test_entries_reads_the_directives_and_nothing_else():
 def test_the_api_page_lists_every_public_name_once():
     public = ([f"exactref.{n}" for n in exactref.__all__ if n != "models"]
               + [f"exactref.models.{n}" for n in exactref.models.__all__]
+              + [f"exactref.harness.{n}" for n in exactref.harness.__all__]
               + [f"strategies.{n}" for n in strategies.__all__])
     listed = entries(PAGE.read_text(encoding="utf-8"))
     assert sorted(listed) == sorted(public)

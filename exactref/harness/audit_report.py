@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_report_path", "counterexamples", "summary", "table", "write_report"]
+__all__ = ["bin_counts", "check_report_path", "counted_ratios", "counterexamples", "summary", "table",
+           "write_report"]
 
 _COLUMNS = ("op", "format", "direction", "examples", "failures", "worst err/tol", "time", "result")
 _SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html"}
@@ -145,31 +146,81 @@ def check_report_path(path: Path) -> str:
     return kind
 
 
+def counted_ratios(run: Any) -> tuple[list[float], list[float]]:
+    """The ratios the table counts: one per example that passed before the first failure, and one per
+    minimal counterexample (a kernel that raised has none).
+
+    A run records a ratio for every call, shrinking included; the examples
+    counted come first, one ratio each, so they are the first ``examples``.
+    """
+    failures = [float(v.worst) for v in (getattr(e, "verdict", None) for e in run.failures) if v is not None]
+    return list(run.ratios[:run.examples]), failures
+
+
+def bin_counts(ratios: Sequence[float], edges: Any) -> Any:
+    """How many of ``ratios`` fall in each bin of log10(ratio) between ``edges``, bins closed on the right.
+
+    Closed on the right so that a ratio of exactly 1 (an error equal to the
+    tolerance, which covers it) is counted left of the tolerance line.
+    Ratios below ``_FLOOR`` (0 included: exact) go to the first bin.
+    """
+    import numpy as np
+
+    finite = np.array([min(x, 1e300) for x in ratios if math.isfinite(x)], dtype=np.float64)
+    values = np.log10(np.maximum(finite, _FLOOR))
+    index = np.clip(np.searchsorted(edges, values, side="left") - 1, 0, len(edges) - 2)
+    return np.bincount(index, minlength=len(edges) - 1)
+
+
+PLOT_NOTE = ("Each line counts the examples the table counts (those that passed before a cell's first "
+             "failure) by their worst |error| / tolerance; an x marks a minimal counterexample. Left of the "
+             "dashed line is covered: a ratio of 1 is an error equal to the tolerance, which a correctly "
+             "rounded result reaches where the tolerance is half an ulp.")
+
+
 def _plot(op: str, runs: Sequence[Any]) -> bytes:
-    """A PNG histogram of log10(error/tolerance) of every example of one op, a line per format and direction."""
+    """A PNG histogram of log10(error/tolerance) of the counted examples of one op, a line per cell."""
+    import warnings
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
-    top = max((max(r.ratios) for r in runs if r.ratios and math.isfinite(max(r.ratios))), default=1.0)
-    edges = np.linspace(math.log10(_FLOOR), max(1.0, math.ceil(math.log10(max(top, _FLOOR)))) + 0.25, 41)
-    for run in runs:
-        finite = [min(x, 1e300) for x in run.ratios if math.isfinite(x)]
-        if not finite:
-            continue
-        values = np.log10(np.maximum(finite, _FLOOR))
-        ax.hist(values, bins=edges, histtype="step", label=f"{run.cell.fmt} {run.cell.direction}")
+    series = [(run, *counted_ratios(run)) for run in runs]
+    every = [x for _, passed, failed in series for x in passed + failed if math.isfinite(x)]
+    top = max(every, default=1.0)
+    # Quarter-decade bins from the floor, so that 0 (the tolerance) is an edge.
+    high = max(1.0, math.ceil(math.log10(max(min(top, 1e300), _FLOOR)))) + 0.25
+    edges = np.arange(math.log10(_FLOOR), high + 0.125, 0.25)
+    fig, ax = plt.subplots(figsize=(9, 3.4), dpi=100)
+    drawn = False
+    for run, passed, failed in series:
+        label = f"{run.cell.fmt} {run.cell.direction}"
+        if passed:
+            line = ax.stairs(bin_counts(passed, edges), edges, label=f"{label} ({len(passed)})")
+            drawn = True
+        finite = [x for x in failed if math.isfinite(x)]
+        if finite:
+            color = line.get_edgecolor() if passed else None
+            ax.plot(np.log10(np.maximum(finite, _FLOOR)), np.zeros(len(finite)), "x", color=color,
+                    markersize=9, label=f"{label}: counterexample")
+            drawn = True
     ax.axvline(0.0, color="black", linestyle="--", linewidth=1)
-    ax.set_xlabel("log10(worst |error| / tolerance) per example  (dashed: the tolerance; left edge: exact)")
-    ax.set_ylabel("examples")
+    ax.set_xlabel("log10(worst |error| / tolerance); dashed: the tolerance; left edge: exact")
+    ax.set_ylabel("examples (as in the table)")
     ax.set_title(op)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    if drawn:
+        # Outside the axes, so that it never covers the data.
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.text(0.5, 0.5, "no examples ran", transform=ax.transAxes, ha="center", va="center")
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
+    with warnings.catch_warnings():
+        # matplotlib's layout warnings are about the picture, not the audit.
+        warnings.simplefilter("ignore", UserWarning)
+        fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
 
@@ -196,7 +247,7 @@ def write_report(path: Path, runs: Sequence[Any], *, kernel_name: str, seed: int
         lines = ["# exactref audit", "", f"Kernels: {kernel_name}", "", *status.text.splitlines(), "",
                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
-        lines += ["", "## Error/tolerance distribution per op", ""]
+        lines += ["", "## Error/tolerance distribution per op", "", PLOT_NOTE, ""]
         for op, png in plots.items():
             (folder / f"{op}.png").write_bytes(png)
             lines += [f"![{op}]({folder.name}/{op}.png)", ""]
@@ -210,7 +261,7 @@ def write_report(path: Path, runs: Sequence[Any], *, kernel_name: str, seed: int
     body = (f"<h1>exactref audit</h1><p>Kernels: {html.escape(kernel_name)}</p>"
             f"<pre>{html.escape(status.text)}</pre>"
             f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in header)}</tr>{cells}</table>"
-            f"<h2>Error/tolerance distribution per op</h2>{images}"
+            f"<h2>Error/tolerance distribution per op</h2><p>{html.escape(PLOT_NOTE)}</p>{images}"
             + (f"<h2>Minimal counterexamples</h2><pre>{html.escape(examples)}</pre>" if examples else ""))
     style = "body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}table{border-collapse:collapse}"
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>exactref audit</title>"

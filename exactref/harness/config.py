@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Config", "ConfigError", "read_pyproject"]
+__all__ = ["DEFAULT_TIMEOUT", "Config", "ConfigError", "find_pyproject", "read_pyproject"]
 
 #: Every key ``[tool.exactref]`` may hold.
-KEYS = ("kernels", "strategies", "regressions", "examples", "device", "suite", "ops", "formats")
+KEYS = ("kernels", "strategies", "regressions", "examples", "device", "suite", "ops", "formats", "timeout")
+#: Seconds one kernel call may take before it is a failure, unless ``timeout`` says otherwise.
+DEFAULT_TIMEOUT = 60.0
 
 
 class ConfigError(ValueError):
@@ -35,6 +37,10 @@ class Config:
     suite: bool = False
     ops: tuple[str, ...] | None = None
     formats: tuple[str, ...] | None = None
+    # Seconds per kernel call; None: no limit.
+    timeout: float | None = DEFAULT_TIMEOUT
+    # Where the configuration came from, as the audit's header says it.
+    source: str = ""
 
 
 def _load_toml(path: Path, raw: bytes) -> dict[str, Any]:
@@ -72,6 +78,19 @@ def read_pyproject(root: Path, raw: bytes | None = None) -> dict[str, Any] | Non
     if not isinstance(table, dict):
         raise ConfigError(f"[tool.exactref] in {path} must be a table, not {table!r}")
     return table
+
+
+def find_pyproject(start: Path) -> Path | None:
+    """The nearest directory, ``start`` or one above it, whose pyproject.toml has ``[tool.exactref]``.
+
+    As pytest finds its configuration: the first file up the tree that has
+    the tool's table wins, so a subdirectory's own pyproject.toml without
+    the table does not hide the repository's.
+    """
+    for directory in (start, *start.parents):
+        if read_pyproject(directory) is not None:
+            return directory
+    return None
 
 
 def _names(key: str, value: Any, where: str) -> tuple[str, ...] | None:
@@ -132,11 +151,26 @@ def build(root: Path, table: dict[str, Any] | None, options: dict[str, Any]) -> 
     if not isinstance(suite, bool):
         raise ConfigError(f"suite = {suite!r} ({origin('suite')}) must be true or false")
     cfg.suite = suite
+    cfg.timeout = _timeout(merged.get("timeout", DEFAULT_TIMEOUT), origin("timeout"))
     from .kernels import FORMATS, OP_INPUTS
 
     cfg.ops = _known("ops", merged.get("ops"), origin("ops"), "an op", tuple(OP_INPUTS))
     cfg.formats = _known("formats", merged.get("formats"), origin("formats"), "a format", FORMATS)
     return cfg
+
+
+def _timeout(value: Any, where: str) -> float | None:
+    """Seconds per kernel call, from a number or its text; 0 means no limit (None)."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number < float("inf"):
+        raise ConfigError(f"timeout = {value!r} ({where}) must be a number of seconds, at least 0 "
+                          "(0 means no limit), e.g. timeout = 60")
+    return float(number) or None
 
 
 def _known(key: str, value: Any, where: str, kind: str, known: tuple[str, ...]) -> tuple[str, ...] | None:

@@ -21,7 +21,7 @@ import numpy as np
 from .. import _report
 from ..errors import MismatchError, OutOfToleranceError, ShapeMismatchError, SpecialValueError
 from .cases import hex_float
-from .kernels import Kernel, KernelOutputError, KernelRaisedError, call_kernel
+from .kernels import Kernel, KernelOutputError, KernelRaisedError, KernelTimeoutError, call_kernel
 
 if sys.version_info >= (3, 11):
     import builtins
@@ -212,13 +212,14 @@ def _format_of(inputs: Mapping[str, Any]) -> str:
 
 
 def judge(kernel: Kernel, direction: str, inputs: Mapping[str, Any], kwargs: Mapping[str, Any], grad: Any, *,
-          device: str = "cpu", note: str = "") -> Verdict:
+          device: str = "cpu", note: str = "", timeout: float | None = None) -> Verdict:
     """Run ``kernel`` on the case and judge every output against exactref; return the Verdict.
 
     ``inputs`` (in call order), ``kwargs`` and ``grad`` are numpy arrays and
     Python scalars.  A failure raises a keyed subclass of OutOfToleranceError,
     SpecialValueError, ShapeMismatchError (DtypeMismatchError for a dtype),
-    MissingGradientError, KernelRaisedError or KernelOutputError, whose
+    MissingGradientError, KernelRaisedError, KernelOutputError or
+    KernelTimeoutError (the kernel ran past ``timeout`` seconds), whose
     message holds exactref's element-by-element report, then the inputs
     exactly, then ``note``; when several outputs fail, an ExceptionGroup of
     them.  ReferenceUnavailableError propagates.
@@ -237,8 +238,8 @@ def judge(kernel: Kernel, direction: str, inputs: Mapping[str, Any], kwargs: Map
 
     failed: tuple[type, str] | None = None
     try:
-        got = call_kernel(kernel, direction, inputs, kwargs, grad, device=device)
-    except (KernelRaisedError, KernelOutputError) as exc:
+        got = call_kernel(kernel, direction, inputs, kwargs, grad, device=device, timeout=timeout)
+    except (KernelRaisedError, KernelOutputError, KernelTimeoutError) as exc:
         failed = (type(exc), str(exc))
         if isinstance(exc, KernelRaisedError):
             raise keyed(KernelRaisedError, f"{kernel.op}.{direction}")(f"{header}\n{exc}{tail()}") from exc

@@ -10,7 +10,9 @@ torch or numpy, and calls the kernels.  It imports neither Hypothesis nor
 from __future__ import annotations
 
 import importlib
+import queue
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,11 +31,13 @@ __all__ = [
     "Kernel",
     "KernelOutputError",
     "KernelRaisedError",
+    "KernelTimeoutError",
     "call_kernel",
     "device_problem",
     "ensure_importable",
     "kernel_formats",
     "load_kernels",
+    "run_with_timeout",
     "to_numpy",
     "to_torch",
 ]
@@ -81,6 +85,10 @@ class KernelRaisedError(Exception):
 
 class KernelOutputError(TypeError):
     """The kernel returned something that is not an output or gradients: no array, an unknown gradient."""
+
+
+class KernelTimeoutError(Exception):
+    """The kernel did not return within the per-call timeout; the message names the call."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,9 +278,12 @@ def device_problem(device: str) -> str | None:
                 "torch.cuda.is_available() is False); run on a machine with a GPU and a CUDA build "
                 "of torch, or leave the device out for the CPU")
     try:
-        torch.empty(1, device=device)
+        kind = torch.empty(1, device=device).device.type
     except (RuntimeError, ValueError) as exc:
         return f"{device}: torch cannot use it: {exc}"
+    if kind == "meta":
+        return (f"{device}: meta tensors have shapes but no values, so there is nothing to judge; "
+                "use cpu or a device with memory, such as cuda")
     return None
 
 
@@ -317,43 +328,120 @@ def _convert(value: Any, kernel: Kernel, device: str, requires_grad: bool = Fals
 
 
 def call_kernel(kernel: Kernel, direction: str, inputs: Mapping[str, Any], kwargs: Mapping[str, Any],
-                grad: Any, *, device: str = "cpu") -> Any:
+                grad: Any, *, device: str = "cpu", timeout: float | None = None) -> Any:
     """Run the kernel on numpy inputs: the output array (forward) or a dict of gradients by name.
 
     Inputs are copied, so a kernel that writes into them changes nothing
     else.  A kernel that raises gives :class:`KernelRaisedError` with its
     traceback; one that returns something that is not an array or gradients
-    gives :class:`KernelOutputError` saying what was expected.
+    gives :class:`KernelOutputError` saying what was expected; one that has
+    not returned after ``timeout`` seconds gives :class:`KernelTimeoutError`
+    (None or 0: no limit).
     """
     array_names = [k for k, v in inputs.items() if isinstance(v, np.ndarray)]
     autograd = direction == "backward" and kernel.backward == AUTOGRAD
     args = [_convert(v, kernel, device, requires_grad=autograd) for v in inputs.values()]
     kw = {k: _convert(v, kernel, device) for k, v in kwargs.items()}
-    try:
+
+    def run() -> Any:
         if direction == "forward":
-            out = kernel.forward(*args, **kw)
+            return kernel.forward(*args, **kw)
+        g = _convert(grad, kernel, device)
+        if not autograd:
+            return kernel.backward(*args, g, **kw)
+        out = kernel.forward(*args, **kw)
+        out.backward(g)
+        import torch
+
+        return {f"grad_{n}": (a.grad if a.grad is not None else torch.zeros_like(a))
+                for n, a in zip(inputs, args, strict=True) if isinstance(a, torch.Tensor) and a.requires_grad}
+
+    try:
+        got = run_with_timeout(run, timeout)
+    except KernelTimeoutError:
+        raise KernelTimeoutError(
+            f"the {kernel.op} {direction} kernel ({kernel.source}) did not return within {timeout:g} s; "
+            "exactref stopped waiting (the call is left running in a background thread) and stops searching "
+            "here. Raise the limit with timeout = N in [tool.exactref], --exactref-timeout N (pytest) or "
+            "--timeout N (exactref audit); 0 means no limit") from None
     except Exception as exc:
         raise KernelRaisedError(_raised(kernel, direction, exc)) from exc
     if direction == "forward":
-        return _output(out, kernel, "output")
-    try:
-        g = _convert(grad, kernel, device)
-        if autograd:
-            out = kernel.forward(*args, **kw)
-            out.backward(g)
-            import torch
-
-            got = {f"grad_{n}": (a.grad if a.grad is not None else torch.zeros_like(a))
-                   for n, a in zip(inputs, args, strict=True) if isinstance(a, torch.Tensor) and a.requires_grad}
-        else:
-            got = kernel.backward(*args, g, **kw)
-    except Exception as exc:
-        raise KernelRaisedError(_raised(kernel, direction, exc)) from exc
+        return _output(got, kernel, "output")
     return _gradients(got, kernel, array_names)
 
 
+class _Call:
+    """One kernel call handed to the worker thread, and what it gave."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class _Worker:
+    """A thread that runs kernel calls, so that the caller can stop waiting for one that hangs.
+
+    A daemon thread: a call that never returns must not keep the interpreter
+    from exiting.  (A ThreadPoolExecutor's threads are joined at exit.)
+    """
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="exactref-kernel-calls", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self.calls.get().run()
+
+
+_worker: _Worker | None = None
+
+
+def run_with_timeout(fn: Callable[[], Any], timeout: float | None) -> Any:
+    """``fn()``, waiting at most ``timeout`` seconds for it (None or 0: no limit, run on this thread).
+
+    With a limit, ``fn`` runs on a worker thread, since Python cannot stop a
+    call from outside; once it overruns, the worker is left to it and the
+    next call gets a new one.  Raises :class:`KernelTimeoutError` on overrun.
+    """
+    global _worker
+    if not timeout:
+        return fn()
+    worker = _worker if _worker is not None else _Worker()
+    _worker = worker
+    call = _Call(fn)
+    worker.calls.put(call)
+    try:
+        finished = call.done.wait(timeout)
+    except BaseException:
+        # Ctrl-C while waiting: the call may still be running on that thread.
+        _worker = None
+        raise
+    if not finished:
+        _worker = None
+        raise KernelTimeoutError(f"no result within {timeout:g} s")
+    if call.error is not None:
+        raise call.error
+    return call.value
+
+
 def _raised(kernel: Kernel, direction: str, exc: BaseException) -> str:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    frames = exc.__traceback__
+    # The frames of this module (the worker thread, the call) are exactref's, not the kernel's.
+    while frames is not None and frames.tb_frame.f_code.co_filename == __file__:
+        frames = frames.tb_next
+    tb = "".join(traceback.format_exception(type(exc), exc, frames))
     return (f"the {kernel.op} {direction} kernel ({kernel.source}) raised "
             f"{type(exc).__name__}: {exc}\n\nIts traceback:\n{tb.rstrip()}")
 

@@ -19,14 +19,14 @@ from .cases import (
     SavedCase,
     arguments_of_test,
     content_of_test,
-    decode_case,
     scan,
     unwritable,
     write_case,
 )
 from .config import Config
-from .judge import add_note, describe_inputs, first_line, flatten, is_keyed, judge, keyed
+from .judge import add_note, describe_inputs, first_line, flatten, is_keyed, keyed
 from .kernels import Kernel, device_problem, ensure_importable, load_kernels
+from .replay import replay_case, stale_reason
 
 __all__ = ["Session"]
 
@@ -86,11 +86,11 @@ class SuiteItem(_Item):
     def runtest(self) -> None:
         from hypothesis import settings
 
-        from .suite import run_cell
+        from .suite import no_longer_fails, run_cell
 
         cfg = self.plugin.cfg
         run = run_cell(self.cell, base=settings.default, examples=cfg.examples, device=cfg.device,
-                       database_key=self.nodeid, shrink_seconds=SHRINK_SECONDS)
+                       database_key=self.nodeid, shrink_seconds=SHRINK_SECONDS, timeout=cfg.timeout)
         if run.error is not None:
             raise ExactRefError(f"{self.cell.name}: the search could not run: {type(run.error).__name__}: "
                                 f"{run.error}")
@@ -102,6 +102,10 @@ class SuiteItem(_Item):
             raise SuiteFailure(self.plugin.report_suite_failures(self, run))
         if run.skipped:
             pytest.skip(run.skipped)
+        stale = no_longer_fails(run)
+        if stale:
+            # As a strict xfail that passes: the entry now hides nothing but a working kernel.
+            raise ExactRefError(stale)
 
 
 class ReplayItem(_Item):
@@ -115,10 +119,10 @@ class ReplayItem(_Item):
     def runtest(self) -> None:
         data, path = self.saved.data, self.saved.path
         kernel = self.plugin.kernel_for_case(self.saved)
-        _, inputs, kwargs, grad = decode_case(data["case"], str(path))
         note = f"Replayed from the regression case {self.plugin.rel(path)} (first found by {data['test']})."
+        cfg = self.plugin.cfg
         try:
-            judge(kernel, data["direction"], inputs, kwargs, grad, device=self.plugin.cfg.device, note=note)
+            replay_case(kernel, self.saved, device=cfg.device, timeout=cfg.timeout, note=note)
         except ReferenceUnavailableError as exc:
             pytest.skip(f"{self.plugin.rel(path)}: exactref has no decidable reference for this case: {exc}")
         except Exception as exc:
@@ -212,23 +216,16 @@ class Session:
     # ------------------------------------------------------------ loading
 
     def kernel_for_case(self, saved: SavedCase) -> Kernel:
-        data, rel = saved.data, self.rel(saved.path)
+        rel = self.rel(saved.path)
         if self.blocked:
             raise ExactRefError(f"{rel}: cannot replay: {self.blocked}")
         if self.kernels is None:
             raise ExactRefError(f"{rel}: no kernel module is configured or it did not load, so this case "
                                 "cannot replay")
-        kernel = self.kernels.get(data["op"])
-        if kernel is None:
-            raise ExactRefError(f"regression case {rel} is stale: the kernel module {self.cfg.kernels!r} has no "
-                                f"{data['op']} kernel now; delete the file, or restore the kernel")
-        if data["format"] not in kernel.formats:
-            raise ExactRefError(f"regression case {rel} is stale: the {data['op']} kernel no longer declares "
-                                f"{data['format']} (its formats: {', '.join(kernel.formats)}); delete the file")
-        if data["direction"] not in kernel.directions:
-            raise ExactRefError(f"regression case {rel} is stale: the {data['op']} kernel has no backward now; "
-                                "delete the file")
-        return kernel
+        stale = stale_reason(saved, self.kernels, str(self.cfg.kernels), rel)
+        if stale is not None:
+            raise ExactRefError(stale)
+        return self.kernels[saved.data["op"]]
 
     def _load(self, parent: _Collector) -> tuple[list[pytest.Item], bool]:
         """Import the kernel and strategy modules; a problem becomes an error item.

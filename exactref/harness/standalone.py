@@ -11,12 +11,56 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .cases import SavedCase, flatten
+from .config import DEFAULT_TIMEOUT
 
-__all__ = ["standalone_test"]
+__all__ = ["check_kernel", "run_test_once", "standalone_test"]
+
+
+def check_kernel(module: str, op: str, direction: str, inputs: Mapping[str, Any],
+                 kwargs: Mapping[str, Any] | None = None, grad: Any = None, *, device: str = "cpu",
+                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    """Run the ``op`` kernel of the kernel module ``module`` on one case and judge it as the property suite does.
+
+    ``inputs`` holds the op's inputs by name, in call order (numpy arrays and
+    Python scalars); ``kwargs`` its keywords; ``grad`` the output's gradient
+    for ``direction="backward"``.  Raises the suite's failure (an
+    OutOfToleranceError, SpecialValueError, ... naming the output) when the
+    kernel is not covered; returns None when it is.  A kernel call that takes
+    more than ``timeout`` seconds is a failure too (None: no limit).
+
+    This is what the tests written by ``exactref to-pytest`` call.
+    """
+    from .judge import judge
+    from .kernels import DIRECTIONS, load_kernels
+
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction={direction!r} must be one of {DIRECTIONS}")
+    kernels = load_kernels(module, device=device)
+    if op not in kernels:
+        raise ValueError(f"op={op!r}: the kernel module {module!r} has no such kernel; it has "
+                         f"{', '.join(kernels) or 'none'}")
+    judge(kernels[op], direction, dict(inputs), dict(kwargs or {}), grad, device=device, timeout=timeout)
+
+
+def run_test_once(test: Callable[..., Any], arguments: Mapping[str, Any]) -> None:
+    """Run the body of the Hypothesis test ``test`` once, on ``arguments``, without Hypothesis's search.
+
+    ``arguments`` are the values the test's ``@given`` would draw, by name.
+    This is what the tests ``exactref to-pytest`` writes from a repository
+    test's case call, so that they depend on exactref's API only.
+    """
+    handle = getattr(test, "hypothesis", None)
+    inner = getattr(handle, "inner_test", None)
+    if inner is None:
+        raise TypeError(f"test={test!r} is not a Hypothesis test (no @given): run_test_once runs the body of a "
+                        "@given test once on the saved arguments")
+    # The body Hypothesis would call, as plugins such as pytest-trio reach it (the documented handle).
+    inner(**arguments)
 
 
 def _code(encoded: Any, indent: str = "    ") -> str:
@@ -80,7 +124,7 @@ def _suite_test(saved: SavedCase, header: list[str], kernels: str | None) -> str
     case = data["case"]
     header += [f"It needs exactref and the kernel module {module}, not Hypothesis.", '"""', ""]
     lines = [*header, "import numpy as np", "", "import exactref as er",
-             "from exactref.harness.judge import judge", "from exactref.harness.kernels import load_kernels", "",
+             "from exactref.harness import check_kernel", "",
              "# The inputs exactly, as hex floats"]
     for name, value in case["inputs"].items():
         lines.append(f"{name} = {_code(value)}")
@@ -90,9 +134,9 @@ def _suite_test(saved: SavedCase, header: list[str], kernels: str | None) -> str
     inputs = ", ".join(f"{k!r}: {k}" for k in case["inputs"])
     name = _identifier(f"test_{data['op']}_{data['direction']}_{data['format']}_{saved.name.rsplit('-', 1)[-1]}")
     lines += ["", "", f"def {name}():",
-              f'    kernel = load_kernels({module!r})[{data["op"]!r}]',
               "    # Runs the kernel and judges every output as the property suite does; raises on a mismatch",
-              f"    judge(kernel, {data['direction']!r}, {{{inputs}}}, KEYWORDS, grad)", ""]
+              f"    check_kernel({module!r}, {data['op']!r}, {data['direction']!r}, {{{inputs}}}, KEYWORDS, grad)",
+              ""]
     return "\n".join(lines)
 
 
@@ -106,7 +150,8 @@ def _repository_test(saved: SavedCase, header: list[str], output: Path | None, r
     header += [f"It calls the body of {data['test']} once with the saved arguments; Hypothesis's search",
                "does not run.", '"""', ""]
     lines = [*header, "import importlib", "import sys", "from pathlib import Path", "", "import numpy as np", "",
-             "import exactref as er", "from strategies import OpCase", "",
+             "import exactref as er", "from exactref.harness import run_test_once", "from strategies import OpCase",
+             "",
              f"sys.path.insert(0, str((Path(__file__).resolve().parent / {relative!r}).resolve()))",
              "", "# The arguments the test drew, exactly, as hex floats", "ARGUMENTS = {"]
     for name, value in data["arguments"].items():
@@ -116,6 +161,6 @@ def _repository_test(saved: SavedCase, header: list[str], output: Path | None, r
     lines += ["", "", f"def {name}():", f"    test = importlib.import_module({module!r})"]
     for part in parts:
         lines.append(f"    test = getattr(test, {part!r})")
-    lines += ["    # The test's own body, without Hypothesis's search",
-              "    test.hypothesis.inner_test(**ARGUMENTS)", ""]
+    lines += ["    # The test's own body, once, without Hypothesis's search",
+              "    run_test_once(test, ARGUMENTS)", ""]
     return "\n".join(lines)

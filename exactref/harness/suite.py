@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import warnings
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,14 +22,15 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, setti
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
 from ..errors import ReferenceUnavailableError
-from .judge import BaseExceptionGroup, first_line, is_keyed, judge
+from .judge import BaseExceptionGroup, first_line, is_keyed
 
 # Under this name: the test body in run_cell uses it, and Hypothesis derives a derandomized
 # run's seed from that body's source, on which docs/plugin.md's printed example depends.
 from .judge import flatten as _flatten
-from .kernels import Kernel, kernel_formats
+from .judge import judge as judge_case
+from .kernels import Kernel, KernelTimeoutError, kernel_formats
 
-__all__ = ["Cell", "CellRun", "KnownFailurePassed", "cells", "no_longer_fails", "run_cell", "strategy_source",
+__all__ = ["Cell", "CellRun", "cells", "no_longer_fails", "run_cell", "strategy_source",
            "suite_case"]
 
 TARGET_LABEL = "worst error/tolerance ratio"
@@ -156,6 +156,15 @@ class _OutOfTime(BaseException):
     """Ends a cell's Hypothesis run; a BaseException, so that Hypothesis does not take it for a failure."""
 
 
+class _Hung(BaseException):
+    """A kernel call ran past its timeout: the search ends there, unshrunk, since every further call
+    might cost the timeout again.  A BaseException, so that Hypothesis does not shrink it."""
+
+    def __init__(self, failure: KernelTimeoutError) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
 def _size(case: Any) -> tuple[int, int]:
     """How big a case is, for keeping the smallest failing case of a run cut short."""
     from .cases import encode_case
@@ -188,7 +197,8 @@ def _distinct(failures: list[BaseException]) -> list[BaseException]:
 
 def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device: str = "cpu",
              seed_value: int | None = None, database_key: str | None = None,
-             shrink_seconds: float | None = None, on_example: Callable[[], None] | None = None) -> CellRun:
+             shrink_seconds: float | None = None, on_example: Callable[[], None] | None = None,
+             timeout: float | None = None) -> CellRun:
     """Search one cell; return what was found (failures are returned, not raised).
 
     ``base`` holds the Hypothesis settings to start from (the profile in
@@ -201,6 +211,9 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
     shrinks each one; for large cases (attention, whose cases take ~20 ms to
     draw) that can take minutes.  When the time is up the run is cut short
     and each failure is reported with the smallest case seen for it.
+
+    ``timeout`` bounds each kernel call (None: no limit); a call that runs
+    past it ends the search, and is the cell's one failure.
     """
     run = CellRun(cell, strategy=strategy_source(cell.op))
     note = f"Examples drawn by {run.strategy}."
@@ -214,6 +227,15 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
 
     found_at: list[float] = []
     smallest: dict[tuple[Any, ...], tuple[tuple[int, int], BaseException]] = {}
+    hung: list[Any] = []
+
+    # Named judge for body's sake: Hypothesis derives a derandomized run's seed from body's source.
+    def judge(kernel: Kernel, direction: str, inputs: Any, kwargs: Any, grad: Any, **options: Any) -> Any:
+        try:
+            return judge_case(kernel, direction, inputs, kwargs, grad, timeout=timeout, **options)
+        except KernelTimeoutError as exc:
+            hung.append(exc)
+            raise _Hung(exc) from None
 
     def body(case: Any) -> None:
         case = case.to_numpy()
@@ -265,6 +287,8 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
         test = seed(zlib.crc32(cell.name.encode()) ^ seed_value)(test)
     try:
         test()
+    except _Hung:
+        run.failures = hung[:1]
     except _OutOfTime:
         run.failures = _distinct([e for _, exc in smallest.values() for e in _flatten(exc)])
         run.cut_short = True
@@ -278,14 +302,7 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
             raise
         run.failures = _distinct(_flatten(exc))
     run.seconds = time.perf_counter() - start
-    stale = no_longer_fails(run)
-    if stale:
-        warnings.warn(KnownFailurePassed(stale), stacklevel=2)
     return run
-
-
-class KnownFailurePassed(UserWarning):
-    """A cell listed in its kernel's known_failures passed: the entry is out of date."""
 
 
 def no_longer_fails(run: CellRun) -> str:

@@ -13,11 +13,13 @@ from exactref.harness.judge import judge
 from exactref.harness.kernels import KernelOutputError, load_kernels
 from exactref.harness.suite import (
     Cell,
-    KnownFailurePassed,
     audit_settings,
     cell_strategy,
+    no_longer_fails,
     run_cell,
 )
+
+from .conftest import Repo, output
 
 
 @pytest.fixture
@@ -65,10 +67,25 @@ def _stale_kernel(module):
 
 def test_a_known_failure_that_passes_says_to_remove_the_entry(module):
     cell = Cell(_stale_kernel(module), "float32", "forward")
-    with pytest.warns(KnownFailurePassed, match=r"add\[float32-forward\]: known failure no longer fails: "
-                                                r"remove the entry 'float32' from fake_fault_kernels"):
-        run = run_cell(cell, base=audit_settings(), examples=5, seed_value=1)
+    run = run_cell(cell, base=audit_settings(), examples=5, seed_value=1)
     assert run.passed
+    assert no_longer_fails(run).startswith("add[float32-forward]: known failure no longer fails: remove the entry "
+                                           "'float32' from fake_fault_kernels.EXACTREF_KERNELS['add']"), run
+
+
+def test_a_suite_item_whose_known_failure_passes_fails_as_a_strict_xfail_would(repo: Repo):
+    kernels = repo.root / "mykernels" / "exactref_kernels.py"
+    text = kernels.read_text()
+    assert '"add": {"forward": ops.add,' in text
+    kernels.write_text(text.replace('"add": {"forward": ops.add,',
+                                    '"add": {"known_failures": {"float32": "was wrong once"}, "forward": ops.add,'))
+    result = repo.run("--exactref", "--exactref-examples", "5", "-k", "add and forward")
+    text = output(result)
+    assert result.returncode == 1, text
+    assert "FAILED exactref::add[float32-forward]" in text, text
+    assert ("add[float32-forward]: known failure no longer fails: remove the entry 'float32' from "
+            "mykernels.exactref_kernels.EXACTREF_KERNELS['add']['known_failures'] (its reason: was wrong once)"
+            ) in text, text
 
 
 def test_the_audit_says_a_known_failure_no_longer_fails(module, capsys):
