@@ -21,6 +21,8 @@ from typing import Any, TextIO
 __all__ = ["main"]
 
 DEFAULT_KERNELS = "exactref.backends.torch"
+#: The libraries whose kernels ship as kernel modules, exactref.backends.<name> (--backend NAME).
+BACKENDS = ("torch", "numpy", "scipy")
 #: Examples per cell when neither --examples nor [tool.exactref] examples says otherwise.
 DEFAULT_EXAMPLES = 100
 #: Seconds a cell may spend after its first failure looking for others and shrinking.
@@ -48,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                                                                  f"(default {DEFAULT_EXAMPLES})")
     audit.add_argument("--kernels", metavar="MODULE", help=f"the kernel module (default: {DEFAULT_KERNELS}, "
                                                            "PyTorch's own)")
+    audit.add_argument("--backend", metavar="NAME", help=f"a library's own kernels: {', '.join(BACKENDS)} "
+                                                         "(the module exactref.backends.NAME)")
     audit.add_argument("--strategies", metavar="MODULE", help="a module that registers strategies per op")
     audit.add_argument("--device", metavar="DEVICE", help="the torch device the kernels run on (default cpu)")
     audit.add_argument("--seed", metavar="N", type=int, help="seed of the search; the same seed repeats a run")
@@ -143,14 +147,22 @@ def _config(args: argparse.Namespace) -> Any:
     overridden by the flags; its ``source`` attribute says where it came from, for the header."""
     from .harness.config import ConfigError, build, find_pyproject, read_pyproject
 
-    options = {"kernels": args.kernels, "strategies": args.strategies, "examples": args.examples,
+    kernels = args.kernels
+    if args.backend is not None:
+        if args.kernels is not None:
+            raise UsageError(f"--backend {args.backend} and --kernels {args.kernels}: pass one of them")
+        if args.backend not in BACKENDS:
+            raise UsageError(f"--backend {args.backend!r}: the backends are {', '.join(BACKENDS)}; "
+                             "pass --kernels MODULE for another kernel module")
+        kernels = f"exactref.backends.{args.backend}"
+    options = {"kernels": kernels, "strategies": args.strategies, "examples": args.examples,
                "device": args.device, "ops": args.ops, "formats": args.dtypes, "timeout": args.timeout,
                "regressions": str(args.regressions) if args.regressions else None}
     try:
         found = find_pyproject(Path.cwd())
         root = found if found is not None else Path.cwd()
         table = read_pyproject(root) if found is not None else None
-        if table is not None and args.kernels is not None and args.regressions is None:
+        if table is not None and kernels is not None and args.regressions is None:
             # The saved cases there belong to the configured kernels, not to the ones given by --kernels.
             table = {k: v for k, v in table.items() if k != "regressions"}
         cfg = build(root, table, options)

@@ -13,7 +13,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import torch
+try:
+    import torch
+except ImportError as exc:  # the backend of a library that is not installed says how to get it
+    raise ImportError(f'exactref.backends.torch needs torch ({exc}): pip install "exactref[torch]"') from None
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
