@@ -19,9 +19,6 @@ format this prints, per output:
 from __future__ import annotations
 
 import argparse
-import os
-
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 import torch

@@ -26,6 +26,7 @@ import numpy as np
 
 from . import _report
 from ._convert import _plain
+from ._threads import own_threads
 from .errors import OutOfToleranceError, ShapeMismatchError, SpecialValueError
 from .formats import ComplexFormat, Format, part_of
 from .rounding import above, below, next_down, next_up, round_float64, to_dtype
@@ -151,7 +152,8 @@ class Result:
         idx = np.unravel_index(np.ravel_multi_index(_as_index(index, self.shape), self.shape), self.shape)
         if any(np.isnan(p.x_lo[idx]) for p in self._parts):
             return None
-        return self._exact(tuple(int(i) for i in idx))
+        with own_threads():
+            return self._exact(tuple(int(i) for i in idx))
 
     def _got(self, x: Any, argument: str = "x") -> np.ndarray:
         try:
@@ -174,7 +176,9 @@ class Result:
     def covers(self, x: Any) -> np.ndarray:
         """A bool array of the output's shape: True where ``x`` is acceptable.
 
-        ``x`` is a torch tensor (any device), a numpy array or a list.
+        ``x`` is a torch tensor (any device), a numpy array or a list.  Only
+        the values are judged; :meth:`check` also refuses an array of another
+        dtype than the result's, and says why.
         """
         ok = self._covers_parts(self._got(x))
         return ok[0] if len(ok) == 1 else ok[0] & ok[1]
@@ -186,10 +190,15 @@ class Result:
             got = self._got(x)
         except ValueError as exc:
             raise ShapeMismatchError(str(exc), op=self.op) from None
+        wrong = _dtype_mismatch(x, self)
+        if wrong:
+            raise ShapeMismatchError(wrong, op=self.op)
         ok = self._covers_parts(got)
         if all(o.all() for o in ok):
             return
-        text, indices, special = _report.mismatch_report(self, got, ok, worst)
+        # The report computes exact values and emulates kernels: an op's work.
+        with own_threads():
+            text, indices, special = _report.mismatch_report(self, got, ok, worst)
         kind = SpecialValueError if special else OutOfToleranceError
         raise kind(text, op=self.op, indices=indices)
 
@@ -197,8 +206,31 @@ class Result:
         """The gradients of this op's inputs for the output gradient ``grad``."""
         if self._backward is None:
             raise TypeError(self._no_backward)
-        with np.errstate(all="ignore"):
+        with own_threads(), np.errstate(all="ignore"):
             return self._backward(grad)
+
+
+def _dtype_mismatch(x: Any, result: Result) -> str:
+    """Why ``x``, an array with a dtype, does not have the result's format ('' when it does, or is a list).
+
+    The usual cause is numpy's promotion, which differs from torch's (and so
+    from exactref's): numpy 2 takes a 0-d array's dtype as an array's, so
+    float16 array + float32 0-d array is float32 in numpy, float16 in torch.
+    """
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return ""
+    name = str(dtype).replace("torch.", "")
+    want = result.dtype.name
+    if name == want:
+        return ""
+    text = (f"{result.op}: got {name} values for a {want} result; check() judges a kernel's output in the "
+            f"result's format. ")
+    if isinstance(x, np.ndarray):
+        text += (f"If the kernel is numpy code, numpy's promotion may have chosen {name}: numpy 2 promotes a "
+                 f"float16 array with a float32 0-d array to float32, where torch, whose promotion ExactRef "
+                 f"follows, keeps float16. ")
+    return text + f"Cast the output to {want}, or compute the reference from inputs of the kernel's format."
 
 
 def _join(parts: list[Part]) -> np.ndarray:

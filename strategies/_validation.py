@@ -5,18 +5,22 @@ value in canonical form, and raises TypeError (wrong kind of value) or
 ValueError (right kind, bad value) with a message that names the argument,
 shows the value and says what to pass instead.  Strategies call them eagerly,
 so a bad argument fails where the strategy is built, not at the first draw.
+
+Sizes have a limit, :data:`MAX_ELEMENTS` per drawn array, checked from the
+size arguments before anything is drawn (:func:`check_size`).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from exactref.formats import FORMATS, ComplexFormat, Format, format_of
 
 __all__ = [
+    "MAX_ELEMENTS",
     "check_bool",
     "check_classes",
     "check_coefficient",
@@ -24,8 +28,15 @@ __all__ = [
     "check_dtypes",
     "check_int",
     "check_positive_float",
+    "check_shape_size",
     "check_side_range",
+    "check_size",
 ]
+
+#: The most elements one drawn array may have: 2**24, 128 MiB as float64.  Larger
+#: arrays make every example slow (ExactRef's working memory is several times an
+#: input's size) and, with a large max_side, can exhaust the memory at draw time.
+MAX_ELEMENTS = 2 ** 24
 
 
 def check_int(name: str, value: Any, *, min_value: int | None = None,
@@ -157,3 +168,52 @@ def check_device(name: str, value: Any) -> str | None:
     if type(value).__module__ == "torch" and type(value).__name__ == "device":
         return str(value)
     raise TypeError(f"{name}={value!r} must be None (numpy arrays) or a torch device such as 'cpu' or 'cuda'")
+
+
+def check_size(strategy: str, sizes: dict[str, int | None], elements: Callable[..., int]) -> None:
+    """Refuse size arguments with which one drawn array could have more than MAX_ELEMENTS elements.
+
+    ``sizes`` are the checked size arguments by name (None: that argument's
+    default), ``elements(**sizes)`` the most elements one array drawn with
+    them can have.  The message shows the arguments and, for each, the
+    largest value that fits with the others as given.
+    """
+    worst = elements(**sizes)
+    if worst <= MAX_ELEMENTS:
+        return
+
+    def lowest(name: str) -> int:
+        return 0 if name.endswith("dims") else 1
+    given = {k: v for k, v in sizes.items() if v is not None}
+    fixes = []
+    for name, value in given.items():
+        fit = _largest_fitting(lambda v, name=name: elements(**{**sizes, name: v}), lowest(name), value)
+        if fit is not None:
+            fixes.append(f"{name}={fit}" if fit == lowest(name) else f"{name} at most {fit}")
+    shown = ", ".join(f"{k}={v}" for k, v in given.items())
+    fix = f"pass {', or '.join(fixes)}" if fixes else "pass smaller sizes"
+    raise ValueError(f"{strategy}({shown}) could draw an array of {worst:,} elements "
+                     f"({worst * 8 / 2**30:,.3g} GiB as float64), more than the limit of "
+                     f"{MAX_ELEMENTS:,} (2**24) per array; {fix}")
+
+
+def _largest_fitting(elements: Callable[[int], int], lowest: int, value: int) -> int | None:
+    """The largest v in [lowest, value) with elements(v) <= MAX_ELEMENTS (monotone in v), or None."""
+    if elements(lowest) > MAX_ELEMENTS:
+        return None
+    lo, hi = lowest, value  # elements(lo) fits, elements(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if elements(mid) <= MAX_ELEMENTS else (lo, mid)
+    return lo
+
+
+def check_shape_size(name: str, shape: tuple[int, ...], *, drawn: bool = False) -> tuple[int, ...]:
+    """``shape``, if an array of it has at most MAX_ELEMENTS elements; ``drawn``: it came from a strategy."""
+    n = math.prod(shape)
+    if n > MAX_ELEMENTS:
+        what = f"the {name} strategy drew {shape!r}, which" if drawn else f"{name}={shape!r}"
+        fix = f"bound its sides, e.g. {name}=strategies.shapes(max_side=64)" if drawn else f"pass a smaller {name}"
+        raise ValueError(f"{what} has {n:,} elements ({n * 8 / 2**30:,.3g} GiB as float64), more than the "
+                         f"limit of {MAX_ELEMENTS:,} (2**24) per array; {fix}")
+    return shape

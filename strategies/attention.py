@@ -15,7 +15,7 @@ from exactref.formats import part_of
 
 from ._common import Options, finish, index_of, patch_kinds, read_options, source_index
 from ._draws import choice, coin, ints
-from ._validation import check_bool, check_classes, check_dtypes, check_int
+from ._validation import check_bool, check_classes, check_dtypes, check_int, check_size
 from .case import OpCase
 from .dtypes import REAL_FORMATS
 from .hard import HardCase
@@ -175,8 +175,17 @@ def scaled_dot_product_attention_inputs(
     o = read_options(dtypes=fmts, max_side=max_side, specials=specials, hard=hard,
                      hard_classes=ATTENTION_HARD_CLASSES, max_abs=max_abs, device=device)
     max_batch_dims = check_int("max_batch_dims", max_batch_dims, min_value=0, max_value=16)
-    batches = hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=max_batch_dims,
-                                                max_side=batch_side(o.max_side, max_batch_side))
+    cap = batch_side(o.max_side, max_batch_side)
+    gqa = check_bool("gqa", gqa)
+
+    def elements(max_batch_dims: int, max_side: int, max_batch_side: int | None) -> int:
+        # query and the mask are (batch..., heads, L, E or S): with GQA, heads are up to max_side ** 2.
+        cap = batch_side(max_side, max_batch_side)
+        return cap ** max_batch_dims * max_side ** (4 if gqa else 2)
+    check_size("scaled_dot_product_attention_inputs",
+               {"max_batch_dims": max_batch_dims, "max_side": o.max_side, "max_batch_side": max_batch_side},
+               elements)
+    batches = hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=max_batch_dims, max_side=cap)
     return _attention(o, batches, check_classes("masks", masks, MASK_KINDS),
-                      check_bool("causal", causal), check_bool("gqa", gqa), check_bool("scale", scale))
+                      check_bool("causal", causal), gqa, check_bool("scale", scale))
 

@@ -27,7 +27,7 @@ from ._common import (
     source_index,
 )
 from ._draws import choice, coin
-from ._validation import check_bool, check_coefficient, check_dtypes
+from ._validation import check_bool, check_coefficient, check_dtypes, check_size
 from .case import OpCase
 from .hard import HARD_CLASSES, HardCase, complex_cancellation, draw_plan, draw_product_plan
 
@@ -99,7 +99,7 @@ def add_inputs(*, dtypes: Any = None, max_dims: int = 3, max_side: int = 4, spec
     fmts = check_dtypes("dtypes", dtypes)
     o = read_options(dtypes=fmts, max_side=max_side, specials=specials, hard=hard,
                      hard_classes=HARD_CLASSES, max_abs=max_abs, device=device)
-    return _add(o, _pairs(check_max_dims("max_dims", max_dims), o.max_side), check_bool("scalars", scalars),
+    return _add(o, _pairs(_max_dims("add_inputs", max_dims, o.max_side), o.max_side), check_bool("scalars", scalars),
                 check_coefficient("alpha", alpha, tuple(f.name for f in fmts)))
 
 
@@ -154,7 +154,19 @@ def multiply_inputs(*, dtypes: Any = None, max_dims: int = 3, max_side: int = 4,
     fmts = check_dtypes("dtypes", dtypes)
     o = read_options(dtypes=fmts, max_side=max_side, specials=specials, hard=hard,
                      hard_classes=HARD_CLASSES, max_abs=max_abs, device=device)
-    return _multiply(o, _pairs(check_max_dims("max_dims", max_dims), o.max_side), check_bool("scalars", scalars))
+    return _multiply(o, _pairs(_max_dims("multiply_inputs", max_dims, o.max_side), o.max_side),
+                     check_bool("scalars", scalars))
+
+
+def _max_dims(strategy: str, max_dims: Any, max_side: int) -> int:
+    """The checked max_dims, with max_side ** max_dims (the largest drawable array) within the limit."""
+    max_dims = check_max_dims("max_dims", max_dims)
+    check_size(strategy, {"max_dims": max_dims, "max_side": max_side}, _elements)
+    return max_dims
+
+
+def _elements(max_dims: int, max_side: int) -> int:
+    return max_side ** max_dims
 
 
 def _pairs(max_dims: int, max_side: int) -> st.SearchStrategy[Any]:
@@ -235,7 +247,7 @@ def sum_inputs(*, dtypes: Any = None, max_dims: int = 3, max_side: int = 4, spec
     fmts = check_dtypes("dtypes", dtypes)
     o = read_options(dtypes=fmts, max_side=max_side, specials=specials, hard=hard,
                      hard_classes=HARD_CLASSES, max_abs=max_abs, device=device)
-    shapes = hnp.array_shapes(min_dims=0, max_dims=check_max_dims("max_dims", max_dims), min_side=1,
+    shapes = hnp.array_shapes(min_dims=0, max_dims=_max_dims("sum_inputs", max_dims, o.max_side), min_side=1,
                               max_side=o.max_side)
     return _sum(o, shapes)
 

@@ -23,10 +23,16 @@ from ._common import (
     source_index,
 )
 from ._draws import choice, coin
-from ._validation import check_bool, check_coefficient, check_dtypes, check_int
+from ._validation import (
+    check_bool,
+    check_coefficient,
+    check_dtypes,
+    check_int,
+    check_size,
+)
 from .case import OpCase
 from .hard import HARD_CLASSES, HardCase, draw_plan
-from .shapes import gemm_shapes, matmul_shapes
+from .shapes import batch_side, gemm_shapes, matmul_shapes
 
 __all__ = ["gemm_inputs", "matmul_inputs"]
 
@@ -119,9 +125,23 @@ def matmul_inputs(*, dtypes: Any = None, max_batch_dims: int = 2, max_side: int 
     fmts = check_dtypes("dtypes", dtypes)
     o = read_options(dtypes=fmts, max_side=max_side, specials=specials, hard=hard,
                      hard_classes=HARD_CLASSES, max_abs=max_abs, device=device)
-    max_batch_dims = check_int("max_batch_dims", max_batch_dims, min_value=0, max_value=16)
+    max_batch_dims = _check_sizes("matmul_inputs", max_batch_dims, o.max_side, max_batch_side)
     return _matmul(o, matmul_shapes(max_batch_dims=max_batch_dims, max_side=o.max_side,
                                     max_batch_side=max_batch_side, allow_1d=check_bool("allow_1d", allow_1d)))
+
+
+def _check_sizes(strategy: str, max_batch_dims: Any, max_side: int, max_batch_side: Any) -> int:
+    """The checked max_batch_dims, with the largest drawable operand within the size limit."""
+    max_batch_dims = check_int("max_batch_dims", max_batch_dims, min_value=0, max_value=16)
+    batch_side(max_side, max_batch_side)  # checks max_batch_side
+    check_size(strategy, {"max_batch_dims": max_batch_dims, "max_side": max_side, "max_batch_side": max_batch_side},
+               _elements)
+    return max_batch_dims
+
+
+def _elements(max_batch_dims: int, max_side: int, max_batch_side: int | None) -> int:
+    """The most elements of A, B, C, the output or grad: batch sides are at most max_side too."""
+    return min(batch_side(max_side, max_batch_side), max_side) ** max_batch_dims * max_side ** 2
 
 
 @st.composite
@@ -161,7 +181,7 @@ def gemm_inputs(*, dtypes: Any = None, max_batch_dims: int = 1, max_side: int = 
     names = tuple(f.name for f in fmts)
     o = read_options(dtypes=fmts, max_side=max_side, specials=specials, hard=hard,
                      hard_classes=HARD_CLASSES, max_abs=max_abs, device=device)
-    max_batch_dims = check_int("max_batch_dims", max_batch_dims, min_value=0, max_value=16)
+    max_batch_dims = _check_sizes("gemm_inputs", max_batch_dims, o.max_side, max_batch_side)
     shape_sets = gemm_shapes(max_batch_dims=max_batch_dims, max_side=o.max_side,
                              max_batch_side=max_batch_side, allow_1d=check_bool("allow_1d", allow_1d))
     return _gemm(o, shape_sets,

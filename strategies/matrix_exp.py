@@ -13,7 +13,7 @@ from exactref.formats import ComplexFormat, Format, part_of
 
 from ._common import Options, finish, index_of, patch_kinds, read_options
 from ._draws import choice, ints
-from ._validation import check_dtypes, check_int, check_positive_float
+from ._validation import check_dtypes, check_int, check_positive_float, check_size
 from .case import OpCase
 from .hard import HardCase
 from .shapes import batch_side
@@ -131,15 +131,22 @@ def _matrices(draw: st.DrawFn, o: Options, batches: st.SearchStrategy[tuple[int,
     return finish(OpCase("matrix_exp", {"A": A}, {}, grad, tuple(hard)), o.device)
 
 
-def _options(dtypes: Any, max_side: Any, specials: Any, hard: Any, device: Any, classes: tuple[str, ...],
-             max_batch_dims: Any, max_norm: Any) -> tuple[Options, st.SearchStrategy[tuple[int, ...]], float]:
+def _options(strategy: str, dtypes: Any, max_side: Any, specials: Any, hard: Any, device: Any,
+             classes: tuple[str, ...], max_batch_dims: Any, max_norm: Any
+             ) -> tuple[Options, st.SearchStrategy[tuple[int, ...]], float]:
     fmts = check_dtypes("dtypes", dtypes)
     o = read_options(dtypes=fmts, max_side=max_side, specials=specials, hard=hard, hard_classes=classes,
                      max_abs=None, device=device)
     max_batch_dims = check_int("max_batch_dims", max_batch_dims, min_value=0, max_value=16)
+    check_size(strategy, {"max_batch_dims": max_batch_dims, "max_side": o.max_side}, _elements)
     batches = hnp.array_shapes(min_dims=0, max_dims=max_batch_dims, min_side=1,
                                max_side=batch_side(o.max_side, None))
     return o, batches, check_positive_float("max_norm", max_norm)
+
+
+def _elements(max_batch_dims: int, max_side: int) -> int:
+    """The most elements of A, E or grad: batch sides are at most min(max_side, 4)."""
+    return batch_side(max_side, None) ** max_batch_dims * max_side ** 2
 
 
 def matrix_exp_inputs(*, dtypes: Any = None, max_batch_dims: int = 1, max_side: int = 4,
@@ -162,8 +169,8 @@ def matrix_exp_inputs(*, dtypes: Any = None, max_batch_dims: int = 1, max_side: 
     ...     assert np.abs(case.A).sum(axis=-2).max(initial=0) <= 1.0
     >>> test_norm()
     """
-    o, batches, max_norm = _options(dtypes, max_side, specials, hard, device, MATRIX_EXP_HARD_CLASSES,
-                                    max_batch_dims, max_norm)
+    o, batches, max_norm = _options("matrix_exp_inputs", dtypes, max_side, specials, hard, device,
+                                    MATRIX_EXP_HARD_CLASSES, max_batch_dims, max_norm)
     return _matrices(o, batches, max_norm, False)
 
 
@@ -183,6 +190,6 @@ def matrix_exp_frechet_inputs(*, dtypes: Any = None, max_batch_dims: int = 1, ma
     ...     assert case.A.shape == case.E.shape and case.grad is None
     >>> test_fields()
     """
-    o, batches, max_norm = _options(dtypes, max_side, specials, hard, device, _FRECHET_HARD_CLASSES,
-                                    max_batch_dims, max_norm)
+    o, batches, max_norm = _options("matrix_exp_frechet_inputs", dtypes, max_side, specials, hard, device,
+                                    _FRECHET_HARD_CLASSES, max_batch_dims, max_norm)
     return _matrices(o, batches, max_norm, True)

@@ -26,7 +26,12 @@ from hypothesis.extra import numpy as hnp
 from exactref.formats import ComplexFormat, Format, format_of, part_of
 
 from ._draws import coin, ints
-from ._validation import check_classes, check_device, check_positive_float
+from ._validation import (
+    check_classes,
+    check_device,
+    check_positive_float,
+    check_shape_size,
+)
 
 __all__ = [
     "SPECIAL_CLASSES",
@@ -301,6 +306,11 @@ def arrays(*, dtype: Any, shape: Any, specials: Any = True, max_abs: float | Non
                         "pass e.g. shape=(2, 3) or shape=strategies.shapes()")
     if isinstance(shape, tuple) and not all(isinstance(s, int) and s >= 0 for s in shape):
         raise ValueError(f"shape={shape!r} must hold non-negative ints")
+    if isinstance(shape, tuple):
+        check_shape_size("shape", shape)
+    else:
+        # A strategy's shapes are known only when drawn: each is checked then.
+        shape = shape.map(functools.partial(check_shape_size, "shape", drawn=True))
     strategy = _array_strategy(fmt, shape, classes, max_abs)
     if device is None:
         return strategy

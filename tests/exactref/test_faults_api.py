@@ -72,3 +72,28 @@ def test_a_half_attention_failing_under_flash_too_gets_no_hint():
     with pytest.raises(er.OutOfToleranceError) as info:
         er.scaled_dot_product_attention(q, k, v).check(out)
     assert "FLASH_ATTENTION" not in str(info.value)
+
+
+# ---------------------------------------------------------------- dtype mismatches (issue 13, item 4)
+
+
+def test_check_refuses_an_array_of_another_dtype_and_names_numpys_promotion():
+    x, y = np.ones(3, np.float16), np.array(np.float32(2))
+    got = x + y  # numpy 2: float32; torch would keep float16
+    assert got.dtype == np.float32
+    result = er.add(x, y)
+    assert result.dtype == np.float16
+    assert result.covers(got).all()  # covers() judges values only
+    with pytest.raises(er.ShapeMismatchError) as info:
+        result.check(got)
+    text = str(info.value)
+    assert text.startswith("add: got float32 values for a float16 result"), text
+    assert "numpy 2 promotes a float16 array with a float32 0-d array to float32" in text, text
+    result.check(got.astype(np.float16))
+    result.check([3.0, 3.0, 3.0])  # a list has no dtype to compare
+
+
+def test_check_names_a_torch_tensor_of_another_dtype():
+    result = er.multiply(np.float32([1.5]), np.float32([2.0]))
+    with pytest.raises(er.ShapeMismatchError, match="multiply: got float64 values for a float32 result"):
+        result.check(torch.tensor([3.0], dtype=torch.float64))

@@ -4,6 +4,7 @@ import math
 import re
 
 import pytest
+from hypothesis import given, settings
 
 import strategies as sx
 
@@ -65,6 +66,27 @@ CASES = [
     (sx.matrix_exp_inputs, {"max_norm": None}, TypeError, "max_norm=None must be a positive number"),
     (sx.matrix_exp_inputs, {"hard": ["commuting"]}, ValueError, "hard contains 'commuting'"),
     (sx.matrix_exp_frechet_inputs, {"max_batch_dims": -2}, ValueError, "max_batch_dims=-2 must be at least 0"),
+    # Sizes: one drawn array may have at most 2**24 elements; the message gives the largest values that fit.
+    (sx.matmul_inputs, {"max_side": 10**6}, ValueError,
+     "matmul_inputs(max_batch_dims=2, max_side=1000000) could draw an array of 16,000,000,000,000 elements"),
+    (sx.matmul_inputs, {"max_side": 4096}, ValueError,
+     "more than the limit of 16,777,216 (2**24) per array; pass max_batch_dims=0, or max_side at most 1024"),
+    (sx.matmul_inputs, {"max_side": 8, "max_batch_dims": 16, "max_batch_side": 8}, ValueError,
+     "pass max_batch_dims at most 6, or max_side at most 2, or max_batch_side at most 2"),
+    (sx.gemm_inputs, {"max_side": 3000}, ValueError, "pass max_batch_dims=0, or max_side at most 2048"),
+    (sx.add_inputs, {"max_side": 10**6}, ValueError,
+     "add_inputs(max_dims=3, max_side=1000000) could draw an array of 1,000,000,000,000,000,000 elements"),
+    (sx.multiply_inputs, {"max_dims": 13}, ValueError, "(0.5 GiB as float64), more than the limit"),
+    (sx.sum_inputs, {"max_dims": 16}, ValueError,
+     "sum_inputs(max_dims=16, max_side=4) could draw an array of 4,294,967,296 elements (32 GiB as float64)"),
+    (sx.scaled_dot_product_attention_inputs, {"max_side": 100}, ValueError, "; pass max_side at most 32"),
+    (sx.scaled_dot_product_attention_inputs, {"max_side": 1, "max_batch_side": 10**4}, ValueError,
+     "pass max_batch_dims at most 1, or max_batch_side at most 4096"),
+    (sx.matrix_exp_inputs, {"max_side": 5000}, ValueError, "; pass max_side at most 2048"),
+    (sx.matrix_exp_frechet_inputs, {"max_side": 4097, "max_batch_dims": 0}, ValueError,
+     "matrix_exp_frechet_inputs(max_batch_dims=0, max_side=4097) could draw an array of 16,785,409 elements"),
+    (sx.arrays, {"dtype": "float32", "shape": (4096, 4097)}, ValueError,
+     "shape=(4096, 4097) has 16,781,312 elements (0.125 GiB as float64), more than the limit of 16,777,216"),
     (sx.strategy_for, {"op": "conv2d"}, ValueError, "op='conv2d' is not an op"),
     (sx.load_module, {"name": ""}, ValueError, "name='' must be an absolute module name"),
 ]
@@ -96,3 +118,32 @@ def test_errors_come_at_build_time_not_at_the_first_draw():
     # Building is enough: no .example() or @given needed for the error.
     with pytest.raises(ValueError):
         sx.matmul_inputs(max_side=-3)
+
+
+@pytest.mark.parametrize("function, kwargs, largest", [
+    # The largest sizes computed by hand: batch sides are capped at min(max_side, 4).
+    (sx.matmul_inputs, {"max_batch_dims": 2}, 1024),  # 4**2 * 1024**2 == 2**24
+    (sx.gemm_inputs, {"max_batch_dims": 0}, 4096),  # 4096**2 == 2**24
+    (sx.add_inputs, {"max_dims": 3}, 256),  # 256**3 == 2**24
+    (sx.sum_inputs, {"max_dims": 2}, 4096),
+    (sx.scaled_dot_product_attention_inputs, {"max_batch_dims": 0}, 64),  # with GQA: 64**4 == 2**24
+    (sx.scaled_dot_product_attention_inputs, {"max_batch_dims": 0, "gqa": False}, 4096),
+    (sx.matrix_exp_inputs, {"max_batch_dims": 1}, 2048),  # 4 * 2048**2 == 2**24
+])
+def test_the_size_limit_is_exactly_two_to_the_24_elements(function, kwargs, largest):
+    function(max_side=largest, **kwargs)  # builds: the limit is inclusive
+    with pytest.raises(ValueError, match=re.escape(f"max_side at most {largest}")):
+        function(max_side=largest + 1, **kwargs)
+
+
+def test_a_drawn_shape_over_the_limit_is_refused_when_drawn():
+    # A strategy's shapes are only known when drawn, so arrays() checks each one then.
+    big = sx.arrays(dtype="float32", shape=sx.shapes(min_dims=2, max_dims=2, min_side=4097, max_side=4097))
+
+    @settings(max_examples=1, database=None)
+    @given(big)
+    def draw(a):
+        pass
+    with pytest.raises(ValueError, match=re.escape("the shape strategy drew (4097, 4097), which has 16,785,409")):
+        draw()
+    sx.arrays(dtype="float32", shape=(4096, 4096))  # at the limit: builds

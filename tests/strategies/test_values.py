@@ -66,7 +66,7 @@ def test_every_special_class_appears_in_bounded_draws(fmt):
             seen.update(c for c in map(lambda x: independent_class(x, part_of(fmt)), parts(v, fmt)) if c)
         return seen == want
 
-    n = each(sx.arrays(dtype=fmt.name, shape=(4, 4)), 400, check)
+    n = each(sx.arrays(dtype=fmt.name, shape=(4, 4)), 1000, check)
     assert seen == want, f"{fmt}: missing {sorted(want - seen)} after {n} arrays"
 
 

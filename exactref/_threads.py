@@ -1,0 +1,112 @@
+"""ExactRef's own calls run numpy's BLAS on one thread and hand the previous limits back afterwards.
+
+Why: OpenBLAS's worker threads keep spinning for a while after each call,
+waiting for more work.  ExactRef makes many small and mid-size BLAS calls
+between long stretches of single-threaded numpy work, so those spinning
+workers take the cores from the thread doing the work, and from torch's
+OpenMP threads, and from the other processes.  On 2 shared cores
+(benchmarks/bench_threads.py), attention 1x4x256x64 forward and backward
+ran 2.4 to 3.7 times faster with one BLAS thread, a float32 512³ matmul
+with its backward 1.5 to 2.8 times, and a float32 2048³ matmul, whose
+enclosure includes two 2048³ BLAS products, was not slower (4.7 s against
+5.3 s); so there is no size above which threads are kept.
+
+Only the BLAS pools are limited: ExactRef runs no OpenMP code of its own,
+and limiting torch's OpenMP pool as well measured no further gain.
+
+An outermost entry costs about 13 microseconds (threadpoolctl's limit and
+restore, about 10 of them); a nested one well under one.
+
+OpenBLAS's pthreads pool, numpy's by default, is shared by the whole
+process, so one thread at a time owns the limit: the first to enter an op
+sets it, and restores it when its outermost op returns or raises
+(KeyboardInterrupt included).  Ops entered inside an op, or from other
+threads while the owner is inside, change nothing.  threadpoolctl does the
+limiting; its controller is built once, on the first op.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+from typing import Any
+
+import threadpoolctl
+
+__all__ = ["own_threads"]
+
+_BLAS_THREADS = 1
+
+# Off only in benchmarks/bench_threads.py, which compares the two.
+_enabled = True
+
+_local = threading.local()  # .depth: how many ops this thread is inside
+_lock = threading.Lock()
+_owner: int | None = None  # the thread whose outermost op holds the limit
+_held: Any = None  # threadpoolctl's limiter of the owner; exiting it restores the limits
+_blas: Any = None  # threadpoolctl's controller of the loaded BLAS libraries
+
+
+def _controller() -> Any:
+    global _blas
+    if _blas is None:
+        # Scanning the loaded libraries takes milliseconds: once.  numpy's BLAS, the only one
+        # ExactRef calls, is loaded with numpy, so libraries loaded later need not be seen.
+        _blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    return _blas
+
+
+def _limit() -> None:
+    global _owner, _held
+    with _lock:
+        if _owner is not None:
+            return
+        blas = _controller()
+        if all((lib.get_num_threads() or 1) <= _BLAS_THREADS for lib in blas.lib_controllers):
+            return  # already single-threaded (OPENBLAS_NUM_THREADS=1, one core): nothing to undo
+        held = blas.limit(limits=_BLAS_THREADS)
+        held.__enter__()
+        _held, _owner = held, threading.get_ident()
+
+
+def _restore() -> None:
+    global _owner, _held
+    with _lock:
+        if _owner != threading.get_ident() or _held is None:
+            return
+        held, _held, _owner = _held, None, None
+        held.__exit__(None, None, None)
+
+
+class _OwnThreads:
+    """The context manager :func:`own_threads` returns; it keeps no state of its own, so one serves all."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        depth = getattr(_local, "depth", 0)
+        _local.depth = depth + 1
+        if depth == 0 and _enabled:
+            try:
+                _limit()
+            except BaseException:
+                _local.depth = depth
+                _restore()
+                raise
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        _local.depth -= 1
+        if _local.depth == 0:
+            _restore()
+
+
+_OWN = _OwnThreads()
+
+
+def own_threads() -> _OwnThreads:
+    """``with own_threads():`` runs the block with numpy's BLAS on one thread, then restores the limits.
+
+    Nested entries cost a few attribute reads and change nothing.
+    """
+    return _OWN
