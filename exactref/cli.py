@@ -22,7 +22,7 @@ __all__ = ["main"]
 
 DEFAULT_KERNELS = "exactref.backends.torch"
 #: The libraries whose kernels ship as kernel modules, exactref.backends.<name> (--backend NAME).
-BACKENDS = ("torch", "numpy", "scipy")
+BACKENDS = ("torch", "numpy", "scipy", "jax")
 #: Examples per cell when neither --examples nor [tool.exactref] examples says otherwise.
 DEFAULT_EXAMPLES = 100
 #: Seconds a cell may spend after its first failure looking for others and shrinking.

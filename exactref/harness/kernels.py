@@ -315,10 +315,16 @@ def to_torch(value: Any, device: Any, *, requires_grad: bool = False) -> Any:
 
 
 def to_numpy(value: Any) -> Any:
-    """A numpy copy of a torch tensor on any device; numpy arrays and others unchanged."""
-    from .._convert import _is_torch, _torch_to_numpy
+    """A numpy copy of a torch tensor on any device, or of another library's array (JAX, CuPy, ...: anything
+    with ``__dlpack__`` or ``__array__``) in its own dtype; numpy arrays, lists and scalars unchanged."""
+    from .._convert import _is_torch, _plain, _torch_to_numpy
 
-    return _torch_to_numpy(value) if _is_torch(value) else value
+    if _is_torch(value):
+        return _torch_to_numpy(value)
+    if isinstance(value, (np.ndarray, np.generic, list, tuple)) or not (
+            hasattr(value, "__dlpack__") or hasattr(value, "__array__")):
+        return value
+    return np.array(_plain(value), copy=True)
 
 
 def _convert(value: Any, kernel: Kernel, device: str, requires_grad: bool = False) -> Any:

@@ -34,7 +34,7 @@ def test_the_numpy_backend_audits_numpy_and_lists_its_known_failure():
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--backend", "fortran"),
-     "--backend 'fortran': the backends are torch, numpy, scipy; pass --kernels MODULE for another kernel module"),
+     "--backend 'fortran': the backends are torch, numpy, scipy, jax; pass --kernels MODULE for another kernel module"),
     (("--backend", "numpy", "--kernels", "m"), "--backend numpy and --kernels m: pass one of them"),
 ])
 def test_a_bad_backend_is_one_line(args, message):
@@ -49,3 +49,22 @@ def test_a_backend_whose_library_is_missing_says_how_to_install_it():
     assert "Traceback" not in result.stderr, result.stderr
     assert 'exactref.backends.torch needs torch' in result.stderr
     assert 'pip install "exactref[torch]"' in result.stderr, result.stderr
+
+
+def test_the_jax_backend_audits_jax_eagerly_and_prints_a_table():
+    pytest.importorskip("jax")
+    result = _audit("--backend", "jax", "--ops", "sum", "--dtypes", "float32,complex64", "--examples", "10",
+                    "--seed", "1")
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert out.startswith("exactref audit: exactref.backends.jax; 4 cells"), out
+    rows = [line.split() for line in out.splitlines() if line.startswith("sum ")]
+    assert [r[:3] for r in rows] == [["sum", "float32", "forward"], ["sum", "float32", "backward"],
+                                     ["sum", "complex64", "forward"], ["sum", "complex64", "backward"]], out
+    assert all(r[-1] == "ok" for r in rows), out
+
+
+def test_the_jax_backend_without_jax_says_how_to_install_it():
+    result = _audit("--backend", "jax", block="jax")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert 'exactref.backends.jax needs jax' in result.stderr and 'pip install "exactref[jax]"' in result.stderr
