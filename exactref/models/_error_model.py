@@ -72,6 +72,14 @@ class ErrorModel:
         errors are independent and of mean zero.  That fails for constant or
         integer data and for stagnating long sums; see
         ``docs/tolerance-models.md``.  Reports then say "probabilistic".
+    flush_subnormals
+        Also accept kernels that flush subnormal inputs and results to zero,
+        as XLA on the CPU does and GPU code compiled with flush-to-zero: an
+        output is covered for the inputs as given or with their subnormals
+        replaced by zeros, each tolerance widened by ``(2n + 4)`` times the
+        smallest normal of the formats involved (n: the elements the op
+        reads), and zero accepted where the answer may be subnormal.  For
+        matmul, gemm, add, multiply and sum, forward and backward.
     """
 
     name: str = "default"
@@ -80,6 +88,7 @@ class ErrorModel:
     autograd_roundings: bool = False
     order: Order = "any"
     failure_rate: float | None = None
+    flush_subnormals: bool = False
 
     def __post_init__(self) -> None:
         check_order(self.order)
@@ -88,6 +97,8 @@ class ErrorModel:
                                  or not 0 < rate < 1):
             raise ValueError(f"failure_rate={rate!r} must be None (sound bounds) or a probability "
                              "between 0 and 1, such as 1e-12")
+        if not isinstance(self.flush_subnormals, bool):
+            raise TypeError(f"flush_subnormals={self.flush_subnormals!r} must be True or False")
         if self.accumulation not in _ACCUMULATIONS:
             raise ValueError(f"accumulation={self.accumulation!r} is not one of {_ACCUMULATIONS}")
         if self.float32_matmul_precision not in _PRECISIONS:
@@ -102,6 +113,8 @@ class ErrorModel:
         extra = [f"order={self.order}"] if self.order != "any" else []
         if self.failure_rate is not None:
             extra.append(f"probabilistic, failure_rate={self.failure_rate:g}")
+        if self.flush_subnormals:
+            extra.append("flush_subnormals")
         return self.name + (f" ({', '.join(extra)})" if extra else "")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .._convert import Operand, _plain, asarray, convert
+from .._threads import own_threads
 from ..engine.sumprod import Solution, Term, exact_fraction, solve, specials
 from ..formats import ComplexFormat, Format, format_of, part_of
 from ..models._error_model import ErrorModel
@@ -37,9 +38,14 @@ class Op:
         functools.update_wrapper(self, forward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Result:
+        from ._flush import flushed, wants_flush  # _flush builds on Result, as this module does
+
         # Bounds use inf and NaN on purpose (an overflowing bound means "no
         # bound"), so numpy's floating-point warnings are noise to the user.
-        with np.errstate(all="ignore"):
+        # One BLAS thread while the op runs: see exactref/_threads.py.
+        with own_threads(), np.errstate(all="ignore"):
+            if wants_flush(kwargs):
+                return flushed(self._forward, args, kwargs)
             return self._forward(*args, **kwargs)
 
     @property
@@ -48,9 +54,13 @@ class Op:
             raise AttributeError(self._no_backward or f"{self.__name__} has no backward")
         backward = self._backward
 
+        from ._flush import flushed_backward, wants_flush
+
         @functools.wraps(backward)
         def quiet(*args: Any, **kwargs: Any) -> Gradients:
-            with np.errstate(all="ignore"):
+            with own_threads(), np.errstate(all="ignore"):
+                if wants_flush(kwargs):
+                    return flushed_backward(backward, args, kwargs)
                 return backward(*args, **kwargs)
         return quiet
 
