@@ -69,8 +69,8 @@ OP_INPUTS: dict[str, _OpInfo] = {
     "scaled_dot_product_attention": _OpInfo(
         ("query", "key", "value"), ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), True,
         _REAL, "algorithm"),
-    "matrix_exp": _OpInfo(("A",), (), True, FORMATS, None),
-    "matrix_exp_frechet": _OpInfo(("A", "E"), (), False, FORMATS, None),
+    "matrix_exp": _OpInfo(("A",), (), True, FORMATS, "model"),
+    "matrix_exp_frechet": _OpInfo(("A", "E"), (), False, FORMATS, "model"),
 }
 
 _ENTRY_KEYS = ("forward", "backward", "formats", "arrays", "model", "backward_model", "reference_options",
@@ -250,18 +250,18 @@ def _format_name(value: Any) -> str:
 
 
 def _check_model(where: str, key: str, value: Any, op: str, keyword: str | None) -> None:
+    """Raise unless ``value`` is the kind of model the op's ``keyword`` takes (or a dict of them)."""
     if value is None:
         return
-    if keyword is None:
-        raise ValueError(f"{where}[{key!r}] is given, but exactref.{op} has one tolerance model and no "
-                         "'model' keyword; remove it")
     values = value.values() if isinstance(value, Mapping) else [value]
     import exactref as er
 
-    want = er.AttentionAlgorithm if keyword == "algorithm" else er.ErrorModel
+    want = er.AttentionAlgorithm if keyword == "algorithm" else (
+        er.models.MatrixExpModel if op.startswith("matrix_exp") else er.ErrorModel)
     for v in values:
         if not isinstance(v, want):
-            raise TypeError(f"{where}[{key!r}] must be an {want.__name__} (or a dict from format name to "
+            article = "an" if want.__name__[0] in "AEIOU" else "a"
+            raise TypeError(f"{where}[{key!r}] must be {article} {want.__name__} (or a dict from format name to "
                             f"one), not {v!r:.60}")
 
 

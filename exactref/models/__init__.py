@@ -13,14 +13,18 @@ from ._error_model import (
     TF32_MATMUL,
     ErrorModel,
 )
+from ._matrix_exp import PADE13, PYTORCH_MEXP, MatrixExpModel
 from ._orders import Blocked
 
 __all__ = [
     "BF16_MATMUL",
     "DEFAULT",
+    "PADE13",
     "PYTORCH_AUTOGRAD",
+    "PYTORCH_MEXP",
     "REDUCED_PRECISION_REDUCTION",
     "TF32_MATMUL",
     "Blocked",
     "ErrorModel",
+    "MatrixExpModel",
 ]

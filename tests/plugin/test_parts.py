@@ -142,7 +142,7 @@ def _numpy_matmul(A, B):
     ({"scaled_dot_product_attention": {"forward": _numpy_matmul, "formats": ["complex64"]}},
      "takes the formats float64, float32, float16, bfloat16"),
     ({"matmul": {"forward": _numpy_matmul, "model": "tf32"}}, "['model'] must be an ErrorModel"),
-    ({"matrix_exp": {"forward": _numpy_matmul, "model": er.models.DEFAULT}}, "has one tolerance model"),
+    ({"matrix_exp": {"forward": _numpy_matmul, "model": er.models.DEFAULT}}, "['model'] must be a MatrixExpModel"),
     ({"matmul": {"forward": _numpy_matmul, "known_failures": {"float8": "x"}}}, "names 'float8'"),
 ])
 def test_a_bad_kernel_module_is_an_error_naming_module_op_and_key(module, kernels, message):

@@ -64,7 +64,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -147,7 +147,7 @@ def _t8_constants(rnd: Callable[[float], float]) -> dict:
     }
 
 
-@lru_cache(maxsize=None)
+@cache
 def scheme_constants(fmt: Format) -> Scheme:
     """The constants mexp uses for matrices of real format ``fmt`` (the part format for complex)."""
     if fmt == FLOAT32:
@@ -238,7 +238,7 @@ class _PolyOps(_Ops):
         return self.lincomb((1.0, 1.0), (X, Y))
 
 
-@lru_cache(maxsize=None)
+@cache
 def truncation_coefficients(k: Scheme, degree: int) -> tuple[float, ...]:
     """Upper bounds of |p_j - 1/j!| for j = 0.._TAIL_DEGREE, P the polynomial compute_T<degree> evaluates."""
     p = _evaluate(degree, k, _PolyOps(), [Fraction(0), Fraction(1)])

@@ -40,12 +40,14 @@ from ..._convert import Operand, operand, values_of
 from ...engine.certified import MAX_PRECISION, round_certified
 from ...errors import ReferenceUnavailableError
 from ...formats import ComplexFormat, Format, part_of
+from ...models._matrix_exp import PADE13, PYTORCH_MEXP, MatrixExpModel
 from ...result import Gradients, Result, judge
 from ...rounding import above
 from .._common import Op, check_size, read_grad
 from ._model import mexp_tolerance
+from ._pade import pade_bound
 
-__all__ = ["PYTORCH_MEXP", "MatrixExpModel", "matrix_exp", "matrix_exp_frechet"]
+__all__ = ["PADE13", "PYTORCH_MEXP", "MatrixExpModel", "matrix_exp", "matrix_exp_frechet"]
 
 # E is multiplied by this: the model's constants are PyTorch's, emulated, and
 # one of them computed differently in its last bit must not cause a false alarm.
@@ -56,23 +58,20 @@ _NO_BACKWARD = ("matrix_exp_frechet has no backward; differentiate matrix_exp in
                 "(er.matrix_exp.backward(A, grad))")
 
 
-@dataclass(frozen=True)
-class MatrixExpModel:
-    """The algorithm class matrix_exp's tolerances are computed for.
-
-    PyTorch's ``mexp``: Bader-Blanes-Casas Taylor schemes of degree 1, 2, 4,
-    8, 12 or 18 chosen by the 1-norm (a batch of several matrices always
-    takes degree 18), scaling by a power of two and squaring, with matrix
-    products in any summation order; a 1 x 1 forward is ``torch.exp``.
-    """
-
-    name: str = "pytorch_mexp"
-
-    def __str__(self) -> str:
-        return self.name
+_MODELS = {m.name: m for m in (PYTORCH_MEXP, PADE13)}
 
 
-PYTORCH_MEXP = MatrixExpModel()
+def _check_model(model: Any, op: str, fmt: Format | ComplexFormat) -> MatrixExpModel:
+    if isinstance(model, str) and model in _MODELS:
+        model = _MODELS[model]
+    if not isinstance(model, MatrixExpModel) or model.name not in _MODELS:
+        raise TypeError(f"{op}: model={model!r} is not a matrix_exp model; use model='pade13' for Padé "
+                        "scaling and squaring (scipy.linalg.expm) or 'pytorch_mexp' (the default), or the "
+                        "er.models.PADE13 and er.models.PYTORCH_MEXP")
+    if model == PADE13 and part_of(fmt).p < 24:
+        raise ValueError(f"{op}: model=PADE13 has no {fmt.name} version (scipy.linalg.expm computes half "
+                         "formats in float32); use float32, float64, complex64 or complex128")
+    return model
 
 
 def _read_square(x: Any, name: str, op: str) -> Operand:
@@ -137,6 +136,7 @@ class _Problem:
     rows: slice  # the output block of each exponential
     cols: slice
     shortcut: bool  # 1 x 1 forward: PyTorch calls exp
+    model: MatrixExpModel = PYTORCH_MEXP
 
     @property
     def k(self) -> int:
@@ -239,6 +239,9 @@ def _solve(pb: _Problem, backward: Callable[[Any], Gradients] | None = None) -> 
         if pb.shortcut:
             E[bi], O[bi] = _shortcut_tolerance([x[bi] for x in x_lo], [x[bi] for x in x_hi], pb.V[bi], fmt)
             continue
+        if pb.model == PADE13:
+            E[bi], O[bi], L[bi] = _pade_tolerance(pb, bi, x_lo, x_hi)
+            continue
         absV = np.abs(pb.V[bi])
         if fmt.is_complex:
             absV = absV * (1 + 2.0 ** -51)  # hypot is within an ulp
@@ -266,8 +269,26 @@ def _solve(pb: _Problem, backward: Callable[[Any], Gradients] | None = None) -> 
         values = [balls.get(flat + p, flint.arb(0)) for p in range(parts)]
         return values[0] if parts == 1 else flint.acb(values[0], values[1])
 
-    return _Result(op=pb.name, fmt=fmt, parts=result_parts, model=PYTORCH_MEXP, exact=exact, has_normal=False,
+    return _Result(op=pb.name, fmt=fmt, parts=result_parts, model=pb.model, exact=exact, has_normal=False,
                    backward=backward, no_backward=_NO_BACKWARD, nonfinite=accept_special.reshape(out_shape))
+
+
+def _pade_tolerance(pb: _Problem, bi: int, x_lo: list[np.ndarray],
+                    x_hi: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PADE13's (E, O, L) on the output block of matrix bi (elementwise bounds, each within the normwise one).
+
+    A diagonal matrix is exp of each diagonal entry (scipy's shortcut), within 2 ulps.
+    """
+    pfmt = part_of(pb.fmt)
+    V = pb.V[bi]
+    E = pade_bound(V, pfmt, pb.fmt.is_complex)[pb.rows, pb.cols]
+    if not np.count_nonzero(V - np.diag(np.diagonal(V))):
+        mag = [np.maximum(np.abs(lo[bi]), np.abs(hi[bi])) for lo, hi in zip(x_lo, x_hi)]
+        size = np.hypot(*mag) * (1 + 2.0 ** -50) if len(mag) == 2 else mag[0]
+        E = np.maximum(E, 4 * pfmt.unit_roundoff * size + 2 * pfmt.min_subnormal)
+    O = ~np.isfinite(E) | (E >= pfmt.max_finite)
+    with np.errstate(divide="ignore"):
+        return E, O, np.where(O, np.inf, np.log2(E))
 
 
 def _exclude_finite(part: Any, where: np.ndarray, L: np.ndarray, ball: Callable[[tuple], Any],
@@ -349,21 +370,22 @@ def _specials(pb: _Problem, finite_m: np.ndarray, x_lo: list[np.ndarray], x_hi: 
 
 
 def _problem(op: str, what: str, fmt: Format | ComplexFormat, V: np.ndarray, n: int, frechet: bool,
-             name: str = "") -> _Problem:
+             model: MatrixExpModel, name: str = "") -> _Problem:
     m = V.shape[-1]
     check_size(op, max(1, V.size) * 8, "the matrices to exponentiate")
     flat = V.reshape((math.prod(V.shape[:-2]), m, m))
     rows, cols = (slice(0, n), slice(n, 2 * n)) if frechet else (slice(0, n), slice(0, n))
     return _Problem(op, what, name or op, fmt, flat, tuple(V.shape[:-2]), rows, cols,
-                    shortcut=not frechet and n == 1)
+                    shortcut=not frechet and n == 1, model=model)
 
 
-def matrix_exp(A: Any) -> Result:
+def matrix_exp(A: Any, *, model: MatrixExpModel | str = PYTORCH_MEXP) -> Result:
     """The exact matrix exponential ``exp(A)`` of a square matrix or a batch of them, rounded once.
 
     ``A`` has shape (..., n, n) in float16, bfloat16, float32, float64,
-    complex64 or complex128.  The tolerance is that of
-    ``torch.linalg.matrix_exp``'s algorithm; there is no normal answer.
+    complex64 or complex128.  The tolerance is that of ``model``'s algorithm
+    class: ``torch.linalg.matrix_exp``'s by default, ``er.PADE13`` for
+    Padé scaling and squaring (``scipy.linalg.expm``); there is no normal answer.
     ``result.exact(index)`` is a certified Arb ball (an acb for complex).
 
     >>> import exactref as er
@@ -371,24 +393,27 @@ def matrix_exp(A: Any) -> Result:
     [[1.0, 1.0], [0.0, 1.0]]
     """
     o = _read_square(A, "A", "matrix_exp")
+    model = _check_model(model, "matrix_exp", o.fmt)
     V = values_of(o, o.fmt)
     n = V.shape[-1]
-    pb = _problem("matrix_exp", "exp(A)", o.fmt, V, n, frechet=False)
-    return _solve(pb, backward=lambda grad: _backward(o, grad))
+    pb = _problem("matrix_exp", "exp(A)", o.fmt, V, n, frechet=False, model=model)
+    return _solve(pb, backward=lambda grad: _backward(o, grad, model))
 
 
-def matrix_exp_frechet(A: Any, E: Any) -> Result:
+def matrix_exp_frechet(A: Any, E: Any, *, model: MatrixExpModel | str = PYTORCH_MEXP) -> Result:
     """The exact Fréchet derivative ``L(A, E)`` of the matrix exponential at A in direction E, rounded once.
 
     ``L(A, E)`` is the top-right block of ``exp([[A, E], [0, A]])``; A and E
     have shapes (..., n, n) whose batch dimensions broadcast, and one format.
-    The tolerance is that of taking that block of
-    ``torch.linalg.matrix_exp`` of the block matrix.  It has no backward.
+    The tolerance is that of taking that block of ``model``'s exponential
+    of the block matrix (``torch.linalg.matrix_exp``'s by default, or
+    ``er.PADE13``'s).  It has no backward.
     """
     op = "matrix_exp_frechet"
     a, e = _read_square(A, "A", op), _read_square(E, "E", op)
     if a.fmt != e.fmt:
         raise TypeError(f"{op}: A has dtype {a.fmt.name} but E has dtype {e.fmt.name}; they must be the same")
+    model = _check_model(model, op, a.fmt)
     n = a.shape[-1]
     if e.shape[-1] != n:
         raise ValueError(f"{op}: A has shape {a.shape} and E has shape {e.shape}; their matrices must "
@@ -400,22 +425,23 @@ def matrix_exp_frechet(A: Any, E: Any) -> Result:
                          "do not broadcast") from None
     VA = np.broadcast_to(values_of(a, a.fmt), batch + (n, n))
     VE = np.broadcast_to(values_of(e, e.fmt), batch + (n, n))
-    return _solve(_problem(op, "L(A, E)", a.fmt, _block(VA, VE), n, frechet=True))
+    return _solve(_problem(op, "L(A, E)", a.fmt, _block(VA, VE), n, frechet=True, model=model))
 
 
-def _backward(o: Operand, grad: Any) -> Gradients:
+def _backward(o: Operand, grad: Any, model: MatrixExpModel) -> Gradients:
     fmt = o.fmt
     G = read_grad(grad, fmt, tuple(o.shape), "matrix_exp")
     V = values_of(o, fmt)
     AH = np.conj(np.swapaxes(V, -1, -2)) if fmt.is_complex else np.swapaxes(V, -1, -2)
     n = V.shape[-1]
     pb = _problem("matrix_exp.backward", "grad_A = L(A^H, grad)", fmt, _block(AH, G), n, frechet=True,
-                  name="matrix_exp.backward grad_A")
+                  model=model, name="matrix_exp.backward grad_A")
     return Gradients("matrix_exp.backward", {"grad_A": _solve(pb)})
 
 
-def _matrix_exp_backward(A: Any, grad: Any) -> Gradients:
-    return _backward(_read_square(A, "A", "matrix_exp.backward"), grad)
+def _matrix_exp_backward(A: Any, grad: Any, *, model: MatrixExpModel | str = PYTORCH_MEXP) -> Gradients:
+    o = _read_square(A, "A", "matrix_exp.backward")
+    return _backward(o, grad, _check_model(model, "matrix_exp.backward", o.fmt))
 
 
 matrix_exp = Op("matrix_exp", matrix_exp, _matrix_exp_backward)
