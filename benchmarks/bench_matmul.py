@@ -1,12 +1,24 @@
-"""Speed of the exact matmul against torch's float64 matmul, measured in this process.
+"""Speed and memory of the exact matmul against torch's float64 matmul, measured in this process.
 
-Prints medians and the ratios the targets are stated in:
+Prints one row per case of issue 12's table, each the median of ``--repeat``
+interleaved runs, as a ratio to ``torch.matmul`` on the same inputs widened
+to float64 (its time is printed too).  No thread variable is set: numpy and
+torch run with their default thread pools, as users get them.
 
-* float32 inputs, 512^3, rounded plus tolerance: at most 5x torch float64 matmul;
-* float64 inputs, 512^3: at most 20x;
-* forward, backward and covers() on small matmuls (sides 1 to 8): at least 500 cases per second.
+* matmul float32, 512^3 / 1024^3 / 2048^3: targets <= 2x / 2x / 3x;
+* matmul float16 and bfloat16, 2048^3: <= 2x;
+* matmul float64, 512^3 / 1024^3 / 2048^3: <= 8x, and at 2048^3 a peak
+  memory of at most 4x that of the inputs and the output;
+* small matmuls (sides 1 to 8), forward + backward + covers: >= 2,000 per second.
 
-Run: python benchmarks/bench_matmul.py [--repeat N]
+"Exact" is ``er.matmul(A, B)`` with ``.rounded`` and ``.tolerance`` read.
+Peak memory is measured with tracemalloc, to which numpy reports every
+array it allocates: the highest traced total during one call, minus what was
+traced before it (the Result it returns is included), against the bytes of
+the float64 inputs plus one float64 output.  torch's own allocations are not
+traced; they belong to the baseline.
+
+Run: python benchmarks/bench_matmul.py [--only float64] [--repeat N] [--sizes 512,1024]
 """
 
 from __future__ import annotations
@@ -14,14 +26,24 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import tracemalloc
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 import exactref as er
 
+TARGETS = {  # (dtype, n): ratio target
+    ("float32", 512): 2, ("float32", 1024): 2, ("float32", 2048): 3,
+    ("float16", 2048): 2, ("bfloat16", 2048): 2,
+    ("float64", 512): 8, ("float64", 1024): 8, ("float64", 2048): 8,
+}
+MEMORY_TARGET = 4.0  # peak / (inputs + output), float64 at 2048^3
+SMALL_TARGET = 2000
 
-def median_times(fns, repeat: int) -> list[float]:
+
+def median_times(fns: list[Callable[[], object]], repeat: int) -> list[float]:
     """Median time of each function, runs interleaved so that load on the machine hits all alike."""
     for fn in fns:
         fn()  # warm up
@@ -34,18 +56,46 @@ def median_times(fns, repeat: int) -> list[float]:
     return [statistics.median(ts) for ts in times]
 
 
-def big(dtype: str, n: int, repeat: int) -> tuple[float, float]:
+def peak_bytes(fn: Callable[[], object]) -> int:
+    """The most bytes traced at once while ``fn`` runs (its result included), above what was traced before."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        kept = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+        del kept
+    finally:
+        tracemalloc.stop()
+    return peak - before
+
+
+def inputs(dtype: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
-    A = er.asarray(rng.standard_normal((n, n)), dtype)
-    B = er.asarray(rng.standard_normal((n, n)), dtype)
+    return (er.asarray(rng.standard_normal((n, n)), dtype), er.asarray(rng.standard_normal((n, n)), dtype))
+
+
+def big_row(dtype: str, n: int, repeat: int, memory: bool) -> str:
+    A, B = inputs(dtype, n)
     tA, tB = torch.from_numpy(A.astype(np.float64)), torch.from_numpy(B.astype(np.float64))
 
-    def exact():
+    def exact() -> er.Result:
         res = er.matmul(A, B)
-        return res.rounded, res.tolerance
+        res.rounded, res.tolerance  # noqa: B018 - what a user reads
+        return res
 
     base, ours = median_times([lambda: torch.matmul(tA, tB), exact], repeat)
-    return base, ours
+    ratio = ours / base
+    target = TARGETS.get((dtype, n))
+    verdict = "" if target is None else f" (target <= {target}x) {'ok' if ratio <= target else 'MISSED'}"
+    line = (f"matmul {dtype:8s} {n}^3: torch float64 {base * 1e3:8.1f} ms, exact {ours * 1e3:8.1f} ms, "
+            f"ratio {ratio:6.2f}x{verdict}")
+    if memory:
+        data = 3 * n * n * 8  # float64 A, B and output
+        peak = peak_bytes(exact)
+        mem_ok = "" if n != 2048 else f" (target <= {MEMORY_TARGET:g}x) {'ok' if peak <= MEMORY_TARGET * data else 'MISSED'}"
+        line += f"; peak {peak / 2**20:.0f} MiB = {peak / data:.2f}x inputs+output{mem_ok}"
+    return line
 
 
 def small_cases_per_second(seconds: float) -> float:
@@ -72,18 +122,28 @@ def small_cases_per_second(seconds: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--repeat", type=int, default=5, help="runs per row (median)")
+    parser.add_argument("--sizes", default="512,1024,2048", help="comma-separated sides to run")
+    parser.add_argument("--only", default="", help="run only rows whose name contains this (e.g. float64, small)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="duration of the small-matmul row")
+    parser.add_argument("--no-blas-limit", action="store_true",
+                        help="diagnostic: turn off ExactRef's one-BLAS-thread limit (exactref/_threads.py)")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeat}")
-    for dtype, target in (("float32", 5), ("float64", 20)):
-        base, exact = big(dtype, args.size, args.repeat)
-        ratio = exact / base
-        print(f"{dtype} matmul {args.size}^3: torch float64 {base * 1e3:.2f} ms, exact {exact * 1e3:.2f} ms, "
-              f"ratio {ratio:.2f}x (target <= {target}x) {'ok' if ratio <= target else 'MISSED'}")
-    rate = small_cases_per_second(3.0)
-    print(f"small matmuls (sides 1-8), forward + backward + covers: {rate:.0f} cases/s "
-          f"(target >= 500) {'ok' if rate >= 500 else 'MISSED'}")
+    if args.no_blas_limit:
+        from exactref import _threads
+
+        _threads._enabled = False
+    sizes = {int(s) for s in args.sizes.split(",") if s}
+    print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} torch threads, "
+          f"median of {args.repeat}{', BLAS limit off' if args.no_blas_limit else ''}")
+    for dtype, n in TARGETS:
+        name = f"matmul {dtype} {n}"
+        if n in sizes and args.only in name:
+            print(big_row(dtype, n, args.repeat, memory=dtype == "float64"), flush=True)
+    if args.only in "small matmuls":
+        rate = small_cases_per_second(args.seconds)
+        print(f"small matmuls (sides 1-8), forward + backward + covers: {rate:.0f} cases/s "
+              f"(target >= {SMALL_TARGET}) {'ok' if rate >= SMALL_TARGET else 'MISSED'}")
 
 
 if __name__ == "__main__":

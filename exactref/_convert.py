@@ -10,15 +10,81 @@ zero-dimensional array, or an array with dimensions: the three tiers of
 from __future__ import annotations
 
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .formats import FLOAT32, FORMATS, ComplexFormat, Format, complex_of, format_of, part_of
+from .formats import (
+    FLOAT32,
+    FORMATS,
+    ComplexFormat,
+    Format,
+    complex_of,
+    format_of,
+    part_of,
+)
 from .rounding import round_float64, to_dtype
 
-__all__ = ["Operand", "asarray", "operand", "promote", "values_of"]
+__all__ = ["Operand", "asarray", "available_memory", "check_readable", "operand", "promote", "values_of"]
+
+_MEMORY: list[int] = []
+
+
+def available_memory() -> int:
+    """This machine's physical memory in bytes (16 GiB where it cannot be read)."""
+    if not _MEMORY:
+        try:
+            _MEMORY.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            _MEMORY.append(16 << 30)
+    return _MEMORY[0]
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_readable(obj: Any, name: str) -> None:
+    """Refuse, from its shape alone and before any copy, an argument ExactRef cannot read.
+
+    * a numpy masked array: its mask would be ignored;
+    * a torch tensor on the meta device: it holds no values;
+    * an array whose copy and float64 values (reading it makes both) would
+      take more than half of this machine's memory, such as a huge
+      ``np.broadcast_to`` view, which occupies almost none itself.
+    """
+    if isinstance(obj, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a numpy masked array, whose mask ExactRef would ignore; pass "
+                        f"{name}.filled(value) to replace the masked values, or np.asarray({name}.data) "
+                        "to use the values underneath")
+    if _is_torch(obj) and getattr(getattr(obj, "device", None), "type", None) == "meta":
+        raise TypeError(f"{name} is a torch tensor on the meta device, which has a shape but no values; "
+                        "create it on a real device (e.g. device='cpu')")
+    shape, itemsize = _shape_of(obj)
+    if shape is None:
+        return
+    size = 1
+    for n in shape:
+        size *= int(n)
+    need = size * (itemsize + 16)  # its copy, and float64 (complex128) values at most
+    if need > available_memory() // 2:
+        raise ValueError(f"{name} has shape {tuple(int(n) for n in shape)}: reading it needs about {_gib(need)} "
+                         f"(a copy and its float64 values), more than half of this machine's "
+                         f"{_gib(available_memory())}; use a smaller input")
+
+
+def _shape_of(obj: Any) -> tuple[tuple[int, ...] | None, int]:
+    """The shape and bytes per element of an array-like, without reading its values (None if unknown)."""
+    if isinstance(obj, np.ndarray):
+        return obj.shape, obj.dtype.itemsize
+    if _is_torch(obj):
+        try:
+            return tuple(obj.shape), int(obj.element_size())
+        except (AttributeError, TypeError, RuntimeError):
+            return None, 0
+    return None, 0
 
 
 def _is_torch(obj: Any) -> bool:
@@ -75,6 +141,7 @@ def asarray(obj: Any, dtype: Any = None) -> np.ndarray:
     'bfloat16'
     """
     fmt = None if dtype is None else format_of(dtype)
+    check_readable(obj, "obj")
     try:
         arr = _plain(obj)
     except (TypeError, ValueError) as exc:
@@ -180,6 +247,7 @@ def operand(obj: Any, name: str) -> Operand:
         value = complex(obj) if isinstance(obj, complex) else float(obj)
         fmt = FORMATS["complex128"] if isinstance(value, complex) else FORMATS["float64"]
         return Operand(name, np.asarray(value), fmt, 0, value)
+    check_readable(obj, name)
     try:
         arr = asarray(obj)
     except _IntegerValues as exc:
@@ -227,14 +295,16 @@ def promote(operands: list[Operand], op: str) -> Format | ComplexFormat:
     return result
 
 
-def values_of(o: Operand, fmt: Format | ComplexFormat) -> np.ndarray:
+def values_of(o: Operand, fmt: Format | ComplexFormat, *, copy: bool = True) -> np.ndarray:
     """The operand's exact values as float64 (complex128 when ``fmt`` is complex).
 
     PyTorch widens arrays to the promoted format exactly.  The only
     narrowing it makes is of a zero-dimensional array or Python scalar, to
     the format it computes in; ExactRef keeps such values exact and budgets
-    that rounding in the tolerance.
+    that rounding in the tolerance.  With ``copy`` False, operand values
+    already in float64 (complex128) are returned as they are, not copied:
+    the caller must not write into them.
     """
     if not fmt.is_complex and np.iscomplexobj(o.array):
         raise TypeError(f"{o.name} is complex but the result format {fmt.name} is real")
-    return np.asarray(o.array).astype(np.complex128 if fmt.is_complex else np.float64)
+    return np.asarray(o.array).astype(np.complex128 if fmt.is_complex else np.float64, copy=copy)

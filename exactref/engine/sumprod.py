@@ -16,13 +16,21 @@ is not finite.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
 
 from ..formats import Format
-from ..rounding import decide, enclosure_bounds, round_dyadic, round_dyadic_down_up, round_float64
+from ..rounding import (
+    decide,
+    enclosure_bounds,
+    next_down,
+    next_up,
+    round_dyadic,
+    round_dyadic_down_up,
+    round_float64,
+)
 from . import fast
 from .exact import exact_dot_rows, round_rows
 
@@ -30,6 +38,8 @@ __all__ = ["MatmulTerm", "RowTerm", "Solution", "exact_values", "solve", "specia
 
 # Sums longer than this take the BLAS path even when they come as rows.
 _SHORT_ROW = 8
+# Plain sums at least this long are added in blocks (fast.long_sums), in bounded memory.
+_LONG_ROW = 1 << 14
 
 
 @dataclass
@@ -40,6 +50,8 @@ class MatmulTerm:
     A: np.ndarray
     B: np.ndarray
     narrow: bool = True  # every value has at most 26 significant bits
+    # B prepared once (|B|, its slices) and shared by the blocks of rows of A.
+    right: fast.Right | None = field(default=None, repr=False, compare=False)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -51,16 +63,32 @@ class MatmulTerm:
         return self.A.shape[-1]
 
     def enclose(self, shape: tuple[int, ...]) -> fast.Enclosure:
-        return fast.matmul_narrow(self.A, self.B) if self.narrow else fast.matmul_sliced(self.A, self.B)
+        if self.right is None:
+            self.right = fast.Right(self.B, narrow=self.narrow)
+        return self.right.times(self.A)
 
-    def gather(self, idx: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    def rows(self, start: int, stop: int, shape: tuple[int, ...]) -> MatmulTerm:
+        """The term of the output rows ``start:stop`` (axis -2)."""
+        if self.right is None:
+            self.right = fast.Right(self.B, narrow=self.narrow)
+        return MatmulTerm(self.coef, self.A[..., start:stop, :], self.B, self.narrow, self.right)
+
+    def gather(self, idx: np.ndarray, shape: tuple[int, ...],
+               cols: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """The products' factors of the elements ``idx``, terms ``cols`` only, as (len(idx), terms) arrays."""
         *batch, i, j = np.unravel_index(idx, shape)
         a_batch = _batch_index(batch, self.A.shape[:-2], len(shape) - 2)
         b_batch = _batch_index(batch, self.B.shape[:-2], len(shape) - 2)
-        X = self.A[a_batch + (i, slice(None))]
-        # Index B's columns through its transpose so that the advanced indices stay adjacent.
-        Y = np.swapaxes(self.B, -1, -2)[b_batch + (j, slice(None))]
-        K = self.A.shape[-1]
+        X = self.A[..., cols][a_batch + (i, slice(None))]
+        # Index B's columns through its transpose so that the advanced indices stay adjacent;
+        # for many elements, through a contiguous copy of it, kept while B is prepared.
+        BT = np.swapaxes(self.B, -1, -2)
+        if self.right is not None and idx.size * 8 > self.B.shape[-1]:
+            if self.right.BT is None:
+                self.right.BT = np.ascontiguousarray(BT)
+            BT = self.right.BT
+        Y = BT[..., cols][b_batch + (j, slice(None))]
+        K = X.shape[-1]
         return X.reshape(idx.size, K), Y.reshape(idx.size, K)
 
     def special(self) -> np.ndarray:
@@ -69,7 +97,9 @@ class MatmulTerm:
 
 @dataclass
 class RowTerm:
-    """``coef * sum_k X[..., k] * Y[..., k]``; X and Y broadcast to (..., T)."""
+    """``coef * sum_k X[..., k] * Y[..., k]``; X and Y broadcast to (..., T).
+
+    X and Y are float64, or X is float32 (a sum of narrow values, Y None)."""
 
     coef: float
     X: np.ndarray
@@ -86,6 +116,9 @@ class RowTerm:
     def enclose(self, shape: tuple[int, ...]) -> fast.Enclosure:
         X = np.broadcast_to(self.X, self.shape_with(shape))
         Y = None if self.Y is None else np.broadcast_to(self.Y, self.shape_with(shape))
+        if Y is None and X.shape[-1] >= _LONG_ROW:
+            return fast.long_sums(X, self.narrow)
+        X = X.astype(np.float64, copy=False)  # X may hold float32 values (exact ones)
         if X.shape[-1] <= _SHORT_ROW:
             return fast.rowdot(X, Y)
         if Y is None:
@@ -93,11 +126,22 @@ class RowTerm:
         enc = (fast.matmul_narrow if self.narrow else fast.matmul_sliced)(X[..., None, :], Y[..., :, None])
         return fast.Enclosure(*(v[..., 0, 0] for v in (enc.hi, enc.lo, enc.rad, enc.S)))
 
-    def gather(self, idx: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray | None]:
+    def rows(self, start: int, stop: int, shape: tuple[int, ...]) -> RowTerm:
+        """The term of the output rows ``start:stop`` (axis -2 of ``shape``, or its only axis), as views."""
+        full = self.shape_with(shape)
+        cut = (Ellipsis, slice(start, stop), slice(None), slice(None)) if len(shape) >= 2 else (slice(start, stop),)
+        X = np.broadcast_to(self.X, full)[cut]
+        Y = None if self.Y is None else np.broadcast_to(self.Y, full)[cut]
+        return RowTerm(self.coef, X, Y, self.narrow)
+
+    def gather(self, idx: np.ndarray, shape: tuple[int, ...],
+               cols: slice = slice(None)) -> tuple[np.ndarray, np.ndarray | None]:
+        """The factors of the elements ``idx``, terms ``cols`` only, as float64 (len(idx), terms) arrays."""
         full = self.shape_with(shape)
         rows = (int(np.prod(shape, dtype=np.int64)), full[-1])
-        X = np.broadcast_to(self.X, full).reshape(rows)[idx]
-        Y = None if self.Y is None else np.broadcast_to(self.Y, full).reshape(rows)[idx]
+        X = np.broadcast_to(self.X, full).reshape(rows)[:, cols][idx].astype(np.float64, copy=False)
+        Y = None if self.Y is None else \
+            np.broadcast_to(self.Y, full).reshape(rows)[:, cols][idx].astype(np.float64, copy=False)
         return X, Y
 
     def special(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -135,7 +179,8 @@ class Solution:
 
 def _enclose(term: Term, shape: tuple[int, ...]) -> fast.Enclosure:
     enc = term.enclose(shape)
-    return fast.Enclosure(*(np.broadcast_to(v, shape) for v in (enc.hi, enc.lo, enc.rad, enc.S)))
+    return fast.Enclosure(*(v if np.shape(v) == shape else np.broadcast_to(v, shape)
+                            for v in (enc.hi, enc.lo, enc.rad, enc.S)))
 
 
 def enclose(terms: list[Term], shape: tuple[int, ...]) -> fast.Enclosure:
@@ -167,31 +212,110 @@ def enclose(terms: list[Term], shape: tuple[int, ...]) -> fast.Enclosure:
     return fast.Enclosure(hi, lo, np.where(unsafe, np.inf, r), S)
 
 
+# Output elements per block of rows: the float64 temporaries of a block stay near 2 MiB each.
+_BLOCK = 1 << 18
+# Float64 pieces gathered at once for the undecided elements: 32 MiB.
+_PIECES = 1 << 22
+
+
 def solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
-    """Round ``sum(coef * term)`` to ``fmt`` element by element, exactly."""
+    """Round ``sum(coef * term)`` to ``fmt`` element by element, exactly.
+
+    A large output is solved in blocks of rows (axis -2), so that working
+    memory is a few blocks' worth besides the result.
+    """
+    try:
+        return _solve(terms, shape, fmt)
+    finally:
+        # B's prepared slices are needed no more (the exact values use A and B alone).
+        for t in terms:
+            if isinstance(t, MatmulTerm):
+                t.right = None
+
+
+def _solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
+    step = _rows_per_block(terms, shape)
+    if step is None:
+        return _solve_block(terms, shape, fmt)
+    rounded, x_lo, x_hi, S = (np.empty(shape) for _ in range(4))
+    undecided = 0
+    axis = max(len(shape) - 2, 0)
+    for start in range(0, shape[axis], step):
+        stop = min(start + step, shape[axis])
+        sub = [t.rows(start, stop, shape) for t in terms]
+        cut = (slice(None),) * axis + (slice(start, stop),)
+        sol = _solve_block(sub, shape[:axis] + (stop - start,) + shape[axis + 1:], fmt)
+        for whole, part in ((rounded, sol.rounded), (x_lo, sol.x_lo), (x_hi, sol.x_hi), (S, sol.S)):
+            whole[cut] = part
+        undecided += sol.undecided
+    return Solution(rounded, x_lo, x_hi, S, undecided)
+
+
+def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:
+    """Rows (axis -2, or the only axis) of a block of about _BLOCK elements, or None for one block.
+
+    A block's work is its elements times the terms of each, for short rows.
+    """
+    if not shape:
+        return None
+    axis = max(len(shape) - 2, 0)
+    per_row = int(np.prod(shape, dtype=np.int64)) // max(shape[axis], 1)
+    length = max([t.length for t in terms if isinstance(t, RowTerm) and t.length <= _SHORT_ROW] + [1])
+    step = max(1, _BLOCK // max(per_row * length, 1))
+    return None if step >= shape[axis] else step
+
+
+def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
     enc = enclose(terms, shape)
-    x_lo, x_hi = enclosure_bounds(enc.hi, enc.lo, enc.rad, tight=fmt.p == 53)
-    rounded, decided = decide(enc.hi, enc.lo, enc.rad, fmt, bounds=(x_lo, x_hi))
-    rounded = np.array(rounded, dtype=np.float64).reshape(shape)
-    x_lo = np.array(x_lo, dtype=np.float64).reshape(shape)
-    x_hi = np.array(x_hi, dtype=np.float64).reshape(shape)
+    if fmt.p == 53:
+        rounded, x_lo, x_hi, decided = _decide_float64(enc.hi, enc.lo, enc.rad)
+    else:
+        x_lo, x_hi = enclosure_bounds(enc.hi, enc.lo, enc.rad)
+        rounded, decided = _decide_narrow(x_lo, x_hi, fmt)
+    S = np.asarray(enc.S, dtype=np.float64).reshape(shape)
+    del enc
+    # Fresh, writable float64 arrays (the undecided elements are written in below).
+    rounded, x_lo, x_hi = (np.require(np.asarray(v, dtype=np.float64), requirements=["C", "W", "O"]).reshape(shape)
+                           for v in (rounded, x_lo, x_hi))
     idx = np.flatnonzero(~np.asarray(decided))
-    if idx.size:
-        _exact_round(terms, shape, idx, fmt, rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
-    return Solution(rounded, x_lo, x_hi, np.asarray(enc.S, dtype=np.float64).reshape(shape), idx.size)
+    per_row = max(1, 2 * _length(terms))
+    if idx.size and per_row > _PIECES:
+        # Rows too long to gather at once: exactly, a block of terms at a time.
+        flat_r, flat_lo, flat_hi = rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1)
+        for i in idx:
+            flat_r[i], flat_lo[i], flat_hi[i] = _exact_long(terms, shape, int(i), fmt)
+    elif idx.size:
+        step = max(1, _PIECES // per_row)
+        for start in range(0, idx.size, step):
+            _exact_round(terms, shape, idx[start:start + step], fmt,
+                         rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
+    return Solution(rounded, x_lo, x_hi, S, idx.size)
+
+
+def _length(terms: list[Term]) -> int:
+    return sum(t.length for t in terms if t.coef != 0)
 
 
 def _exact_round(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray, fmt: Format,
                  flat_r: np.ndarray, flat_lo: np.ndarray, flat_hi: np.ndarray) -> None:
     """Fill in the correctly rounded values, and float64 bounds, of the elements ``idx``.
 
-    Rows whose products split exactly into float64 pieces are summed with
-    math.fsum; the rest (products underflowing or overflowing float64) go
-    through the integer accumulator.
+    Rows whose products split exactly into float64 pieces are first summed
+    by a vectorised two-sum tree, whose enclosure decides nearly all of
+    them; the few left (exact ties, exact float64 values, zeros) are summed
+    with math.fsum; the rest (products underflowing or overflowing float64)
+    go through the integer accumulator.  Every path gives the same values:
+    the correct rounding and the float64 neighbours of the exact value.
     """
     pieces, safe = _pieces(terms, shape, idx)
-    value, lo, hi, ok = round_rows(pieces[safe], fmt.p)
-    done = np.flatnonzero(safe)[ok]
+    rows = np.flatnonzero(safe)
+    value, lo, hi, ok = _refine(pieces[rows], fmt)
+    done_fast = rows[ok]
+    flat_r[idx[done_fast]], flat_lo[idx[done_fast]], flat_hi[idx[done_fast]] = value[ok], lo[ok], hi[ok]
+    slow = rows[~ok]
+    value, lo, hi, ok = round_rows(pieces[slow], fmt.p)
+    del pieces
+    done = slow[ok]
     value, lo, hi = value[ok], lo[ok], hi[ok]
     if fmt.p != 53:
         value = round_float64(value, fmt)
@@ -200,7 +324,7 @@ def _exact_round(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray, fmt
         negzero = _all_negative_zero(terms, shape, idx[done[zero]])
         value[zero] = np.where(negzero, -0.0, 0.0)
     flat_r[idx[done]], flat_lo[idx[done]], flat_hi[idx[done]] = value, lo, hi
-    rest = np.setdiff1d(np.arange(idx.size), done)
+    rest = np.setdiff1d(np.arange(idx.size), np.concatenate([done_fast, done]))
     if rest.size:
         values = exact_values(terms, shape, idx[rest])
         negzero = _all_negative_zero(terms, shape, idx[rest])
@@ -208,6 +332,115 @@ def _exact_round(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray, fmt
             i = idx[rest[k]]
             flat_r[i] = round_dyadic(n, e, fmt, negative_zero=bool(negzero[k]))
             flat_lo[i], flat_hi[i] = round_dyadic_down_up(n, e)
+
+
+def _exact_long(terms: list[Term], shape: tuple[int, ...], i: int, fmt: Format) -> tuple[float, float, float]:
+    """The rounding and float64 bounds of element ``i``, summed exactly a block of terms at a time."""
+    # Fewer than 2**18 terms a block keep the integer accumulator on its fast (bincount) path.
+    width = (1 << 18) - 1
+    total = (0, 0)
+    negzero, seen = True, False
+    idx = np.array([i])
+    for term in terms:
+        for start in range(0, max(term.length, 1), width):
+            cols = slice(start, start + width)
+            if term.coef != 0:
+                X, Y = term.gather(idx, shape, cols)
+                (n, e), = exact_dot_rows(X, Y)
+                cm, ce = _dyadic(term.coef)
+                total = _add(total, (n * cm, e + ce))
+            nz, s = _negative_zero_rows(term, shape, idx, cols)
+            negzero &= bool(nz[0])
+            seen |= s
+    n, e = total
+    return (round_dyadic(n, e, fmt, negative_zero=negzero and seen), *round_dyadic_down_up(n, e))
+
+
+def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    """The rounding to ``fmt`` (p <= 51) of values in [low, high], and where both ends round alike."""
+    if fmt.name != "float32":
+        return decide(low, low, low, fmt, bounds=(low, high))
+    # IEEE conversion to float32 is one correct rounding: compare in float32.
+    with np.errstate(over="ignore", invalid="ignore"):
+        r_low, r_high = np.asarray(low).astype(np.float32), np.asarray(high).astype(np.float32)
+        decided = (r_low == r_high) & (np.signbit(r_low) == np.signbit(r_high)) & ((low > 0) | (high < 0))
+    return r_high.astype(np.float64), decided
+
+
+def _decide_float64(hi: np.ndarray, lo: np.ndarray,
+                    rad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rounding to float64 of values in ``hi + lo +- rad``, float64 bounds on them, and where decided.
+
+    Where the enclosure lies strictly between two adjacent float64 values,
+    those are the bounds (as the exact path gives them); where it decides
+    the rounding but may hold a float64, the bounds are the enclosure's own.
+    """
+    hi, lo, rad = (np.asarray(v, dtype=np.float64) for v in (hi, lo, rad))
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = hi + lo
+        e = (hi - s) + lo  # exact where |hi| >= |lo|, required below
+        s_up, s_down = next_up(s), next_down(s)
+        gap_up, gap_down = s_up - s, s - s_down
+        upper, lower = next_up(e + rad), next_down(e - rad)
+        usable = (np.abs(hi) >= np.abs(lo)) & (np.abs(s) < _F64_MAX) & (np.abs(s) >= 2.0 ** -1021)
+        above = usable & (lower > 0) & (upper < gap_up)
+        below = usable & (upper < 0) & (lower > -gap_down)
+        half_up, half_down = gap_up / 2, -gap_down / 2
+        to_s = usable & (upper < half_up) & (lower > half_down)
+        to_up = above & (lower > half_up)
+        to_down = below & (upper < half_down)
+        rounded = np.where(to_up, s_up, np.where(to_down, s_down, s))
+        decided = to_s | to_up | to_down
+        # A nonzero s: an enclosure touching zero is never decided (the sign of zero matters).
+        decided &= s != 0
+        x_lo = np.where(above, s, s_down)
+        x_hi = np.where(above, s_up, s)
+    loose = decided & ~(above | below)
+    if loose.any():
+        b_lo, b_hi = enclosure_bounds(hi[loose], lo[loose], rad[loose], tight=True)
+        x_lo[loose], x_hi[loose] = b_lo, b_hi
+    return rounded, x_lo, x_hi, decided
+
+
+def _refine(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rounding to ``fmt`` and the float64 neighbours of each row sum, where a tree sum decides them.
+
+    Returns ``(value, x_lo, x_hi, ok)``.  Where ``ok``, either the exact
+    row sum is a nonzero float64 (``x_lo == x_hi``), or it lies strictly
+    between the adjacent float64 values ``x_lo < x_hi``; ``value`` is its
+    correct rounding: exactly what the exact path gives.  Elsewhere the
+    values are garbage.
+    """
+    hi, lo, rad = fast.tree_sum(pieces)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = hi + lo
+        e = (hi - s) + lo  # exact: |hi| >= |lo| is required below
+        s_up, s_down = next_up(s), next_down(s)
+        gap_up, gap_down = s_up - s, s - s_down
+        upper, lower = next_up(e + rad), next_down(e - rad)
+        above = (lower > 0) & (upper < gap_up)  # s < exact < s_up
+        below = (upper < 0) & (lower > -gap_down)  # s_down < exact < s
+        ok = (above | below) & (np.abs(hi) >= np.abs(lo)) & (np.abs(s) < _F64_MAX)
+        x_lo = np.where(above, s, s_down)
+        x_hi = np.where(above, s_up, s)
+        if fmt.p == 53:
+            # Nearest: the side of the midpoint of (x_lo, x_hi) that exact - s lies on.
+            # Half a gap is exact away from the subnormals.
+            half = np.where(above, gap_up, -gap_down) / 2
+            to_lo, to_hi = upper < half, lower > half
+            ok &= (to_lo | to_hi) & (np.abs(s) >= 2.0 ** -1021)
+            value = np.where(to_lo, x_lo, x_hi)
+        else:
+            # Round to odd at 53 bits, then to nearest at p <= 51 bits (Boldo and Melquiond).
+            odd = (x_lo.view(np.int64) & 1).astype(bool)
+            value = round_float64(np.where(odd, x_lo, x_hi), fmt)
+        exact = (rad == 0) & (lo == 0) & (hi != 0)
+        x_lo, x_hi = np.where(exact, hi, x_lo), np.where(exact, hi, x_hi)
+        value = np.where(exact, round_float64(hi, fmt), value)
+    return value, x_lo, x_hi, ok | exact
+
+
+_F64_MAX = float(np.finfo(np.float64).max)
 
 
 def _pieces(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -277,17 +510,23 @@ def _add(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
 def _all_negative_zero(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray) -> np.ndarray:
     """Whether every product of the element is a zero with a minus sign (IEEE then sums to -0)."""
     result = np.ones(idx.size, dtype=bool)
-    seen = np.zeros(idx.size, dtype=bool)
+    seen = False
     for term in terms:
-        X, Y = term.gather(idx, shape)
-        zero = (X == 0) | (term.coef == 0)
-        sign = np.signbit(X) ^ bool(np.signbit(term.coef))
-        if Y is not None:
-            zero |= Y == 0
-            sign ^= np.signbit(Y)
-        result &= np.all(zero & sign, axis=1)
-        seen |= X.shape[1] > 0
+        nz, s = _negative_zero_rows(term, shape, idx, slice(None))
+        result &= nz
+        seen |= s
     return result & seen
+
+
+def _negative_zero_rows(term: Term, shape: tuple[int, ...], idx: np.ndarray, cols: slice) -> tuple[np.ndarray, bool]:
+    """Whether the products ``cols`` of each element are all zeros with a minus sign, and whether there are any."""
+    X, Y = term.gather(idx, shape, cols)
+    zero = (X == 0) | (term.coef == 0)
+    sign = np.signbit(X) ^ bool(np.signbit(term.coef))
+    if Y is not None:
+        zero |= Y == 0
+        sign ^= np.signbit(Y)
+    return np.all(zero & sign, axis=1), X.shape[1] > 0
 
 
 def specials(terms: list[Term], shape: tuple[int, ...]) -> np.ndarray:

@@ -4,7 +4,6 @@ and turning per-part terms plus a tolerance into a Result."""
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -12,14 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from .._convert import Operand, _plain, asarray, convert
+from .._convert import (
+    Operand,
+    _plain,
+    asarray,
+    available_memory,
+    check_readable,
+    convert,
+)
 from .._threads import own_threads
 from ..engine.sumprod import Solution, Term, exact_fraction, solve, specials
 from ..formats import ComplexFormat, Format, format_of, part_of
 from ..models._error_model import ErrorModel
 from ..result import Gradients, Part, Result, judge
 
-__all__ = ["Op", "build", "fold_copies", "read_grad"]
+__all__ = ["Op", "build", "check_bytes", "check_size", "fold_copies", "read_grad"]
 
 # E is multiplied by this so that second-order terms left out of the
 # first-order formulas can never make a bound too small.
@@ -72,6 +78,7 @@ def read_grad(grad: Any, fmt: Format | ComplexFormat, shape: tuple[int, ...], op
     """The output gradient as exact float64/complex128 values, checked against the output."""
     if grad is None:
         raise TypeError(f"{op}.backward needs grad, the gradient of the output; there is no default of ones")
+    check_readable(grad, "grad")
     arr = _plain(grad) if not isinstance(grad, (list, tuple, int, float, complex)) else None
     if arr is None:
         arr = asarray(grad, fmt)
@@ -126,21 +133,17 @@ def parts_of(x: np.ndarray, complex_: bool) -> tuple[np.ndarray, np.ndarray]:
     return x, np.zeros_like(x)
 
 
-_AVAILABLE = None
-
-
 def check_size(op: str, elements: int, what: str) -> None:
-    """Refuse work whose float64 temporaries would not fit in this machine's memory."""
-    global _AVAILABLE
-    if _AVAILABLE is None:
-        try:
-            _AVAILABLE = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            _AVAILABLE = 16 << 30
-    need = elements * 8 * 12
-    if need > _AVAILABLE // 2:
+    """Refuse work whose float64 temporaries (about 12 per element) would not fit in this machine's memory."""
+    check_bytes(op, elements * 8 * 12, what)
+
+
+def check_bytes(op: str, need: int, what: str) -> None:
+    """Refuse work that needs ``need`` bytes of working memory, more than half of this machine's."""
+    have = available_memory()
+    if need > have // 2:
         raise ValueError(f"{op}: {what} needs about {need / 2**30:.1f} GiB of working memory, "
-                         f"more than half of this machine's {_AVAILABLE / 2**30:.1f} GiB; use smaller inputs")
+                         f"more than half of this machine's {have / 2**30:.1f} GiB; use smaller inputs")
 
 
 @dataclass
@@ -179,8 +182,7 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
         _share_complex_specials(solved)
     parts: list[Part] = []
     for sol, E, overflow, special, nan_also in solved:
-        part = judge(sol.rounded, sol.x_lo, sol.x_hi, E, pfmt, special=special, overflow=overflow,
-                     nan_also=nan_also)
+        part = _judge(sol, E, pfmt, special, overflow, nan_also)
         if nan_also is not None and overflow is not None:
             # A finite product that overflows meeting an infinity gives inf or NaN by the order of
             # the complex formula's operations (a BLAS may scale by alpha first): either may come.
@@ -200,6 +202,39 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
 
     return Result(op=op, fmt=fmt, parts=parts, model=model, exact=exact, backward=backward,
                   typical=typical_at if typical is not None else None)
+
+
+# Elements judged at a time: the judgement's float64 temporaries stay near 2 MiB each.
+_JUDGE_BLOCK = 1 << 18
+
+
+def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None,
+           overflow: np.ndarray | None, nan_also: np.ndarray | None) -> Part:
+    """:func:`judge`, a block of leading-axis rows at a time for a large output (it is elementwise).
+
+    The Part's rounded value and bounds are written over the Solution's own
+    arrays, which nothing else holds, so that only the acceptance interval
+    and the tolerance are new.
+    """
+    shape = sol.rounded.shape
+    size = int(np.prod(shape, dtype=np.int64))
+    if not shape or size <= _JUDGE_BLOCK:
+        return judge(sol.rounded, sol.x_lo, sol.x_hi, E, fmt, special=special, overflow=overflow,
+                     nan_also=nan_also)
+    step = max(1, _JUDGE_BLOCK // max(size // shape[0], 1))
+    full = [None if v is None else np.broadcast_to(v, shape) for v in (E, special, overflow, nan_also)]
+    out: dict[str, np.ndarray] = {"rounded": sol.rounded, "x_lo": sol.x_lo, "x_hi": sol.x_hi}
+    for start in range(0, shape[0], step):
+        cut = slice(start, start + step)
+        E_b, special_b, overflow_b, nan_b = (None if v is None else v[cut] for v in full)
+        part = judge(sol.rounded[cut], sol.x_lo[cut], sol.x_hi[cut], E_b, fmt, special=special_b,
+                     overflow=overflow_b, nan_also=nan_b)
+        for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
+            value = np.asarray(getattr(part, name))
+            if name not in out:
+                out[name] = np.empty(shape, dtype=value.dtype)
+            out[name][cut] = value
+    return Part(**out)
 
 
 def _share_complex_specials(solved: list) -> None:

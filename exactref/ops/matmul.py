@@ -43,7 +43,16 @@ from ..models._error_model import (
 from ..models._running import DotSource, ordered_error
 from ..result import Gradients, Result
 from ._coef import held, magnitude, read_coefficient, scalar_relative_error, scaled
-from ._common import Op, PartSpec, build, check_size, fold_copies, read_grad, zero_nonfinite
+from ._common import (
+    Op,
+    PartSpec,
+    build,
+    check_bytes,
+    check_size,
+    fold_copies,
+    read_grad,
+    zero_nonfinite,
+)
 
 __all__ = ["gemm", "matmul"]
 
@@ -236,9 +245,13 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
              alpha: float | complex, beta: float | complex, model: ErrorModel) -> Result:
     a2s, b2s, batch, out_shape = _shapes(a.shape, b.shape, op)
     shape2 = batch + (a2s[-2], b2s[-1])
-    check_size(op, int(np.prod(shape2, dtype=np.int64)) * 8 + a.array.size + b.array.size, "the product")
-    A2 = values_of(a, fmt).reshape(a2s)
-    B2 = values_of(b, fmt).reshape(b2s)
+    # The result's arrays (about 24 float64 per element), the operands' float64 values and
+    # B's slices (6 arrays of B's size), and the blocks of rows solved at a time.
+    check_bytes(op, int(np.prod(shape2, dtype=np.int64)) * 24 * 8 + (a.array.size + 6 * b.array.size) * 8
+                + (256 << 20), "the product")
+    # Read only from here on: float64 operands are not copied again.
+    A2 = values_of(a, fmt, copy=False).reshape(a2s)
+    B2 = values_of(b, fmt, copy=False).reshape(b2s)
     fin = part_of(fmt)
     # torch.addmm on float32/float64 (a BLAS) skips A @ B when alpha is 0; the
     # half-type and batched kernels compute it and multiply by 0, so NaN and
@@ -367,8 +380,8 @@ def _backward(op: str, a: Operand, b: Operand, c: Operand | None, grad: Any, fmt
     shape2 = batch + (a2s[-2], b2s[-1])
     G_out = read_grad(grad, fmt, out_shape, op)
     G = np.broadcast_to(G_out.reshape(shape2), shape2)
-    A2 = np.broadcast_to(values_of(a, fmt).reshape(a2s), batch + a2s[-2:])
-    B2 = np.broadcast_to(values_of(b, fmt).reshape(b2s), batch + b2s[-2:])
+    A2 = np.broadcast_to(values_of(a, fmt, copy=False).reshape(a2s), batch + a2s[-2:])
+    B2 = np.broadcast_to(values_of(b, fmt, copy=False).reshape(b2s), batch + b2s[-2:])
     both_batched = len(a.shape) >= 3 and len(b.shape) >= 3
     conj_alpha = alpha.conjugate() if isinstance(alpha, complex) else alpha
     results = {

@@ -24,9 +24,14 @@ from ..models._emulate import emulate
 from ..models._error_model import DEFAULT, ErrorModel, accumulation_format, check_model
 from ..models._running import RowSource, ordered_error
 from ..result import Gradients, Result
-from ._common import Op, PartSpec, build, check_size, read_grad, zero_nonfinite
+from ._common import Op, PartSpec, build, check_bytes, read_grad, zero_nonfinite
 
 __all__ = ["sum"]
+
+# Working memory per output element (about 24 float64 arrays of the result and its
+# temporaries), and what the engine's blocks take at most.
+_RESULT_BYTES = 24 * 8
+_BLOCK_BYTES = 256 << 20
 
 # at::internal::GRAIN_SIZE: below it a reduction runs on one thread.
 GRAIN_SIZE = 32768
@@ -55,6 +60,15 @@ def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
     return tuple(sorted(set(out))) if ndim else ()
 
 
+def _all_finite(x: np.ndarray) -> bool:
+    """Whether every value of x is finite."""
+    if x.dtype == np.float32:
+        # A float64 sum of float32 values cannot overflow, so it is finite exactly when they all are;
+        # one pass without a temporary.
+        return bool(np.isfinite(np.add.reduce(x, axis=None, dtype=np.float64)))
+    return bool(np.isfinite(x).all())
+
+
 def _reduce(x: Any, axis: Any, keepdims: bool) -> tuple:
     o = operand(x, "x")
     if o.tier == 0:
@@ -80,20 +94,27 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     """
     model = check_model(model)
     o, axes, keep, out_shape = _reduce(x, axis, keepdims)
-    check_size("sum", o.array.size * 2, "x")
+    out_size = int(np.prod(out_shape, dtype=np.int64))
+    # The result's arrays, a float64 (or transposed) copy of x at most, and the engine's blocks.
+    check_bytes("sum", out_size * _RESULT_BYTES + o.array.size * 16 + _BLOCK_BYTES, "x")
     fmt = o.fmt
     pfmt = part_of(fmt)
-    V = values_of(o, fmt)
+    narrow = 2 * pfmt.p <= 53
+    # Narrow real values are read as float32 (exact), half the memory of float64:
+    # the engine widens only the blocks it works on.
+    V = o.array.astype(np.float32, copy=False) if narrow and not fmt.is_complex else values_of(o, fmt)
     length = int(np.prod([o.shape[i] for i in axes], dtype=np.int64))
     moved = np.transpose(V, keep + list(axes)).reshape(tuple(o.shape[i] for i in keep) + (length,))
     n = moved.shape[-1]
-    narrow = 2 * pfmt.p <= 53
     values = [moved.real, moved.imag] if fmt.is_complex else [moved]
 
-    def terms(finite: bool) -> list[list[Term]]:
-        return [[RowTerm(1.0, zero_nonfinite(v) if finite else v, None, narrow)] for v in values]
+    all_finite = _all_finite(moved)
 
-    special = None if np.isfinite(moved).all() else terms(False)
+    def terms(finite: bool) -> list[list[Term]]:
+        return [[RowTerm(1.0, zero_nonfinite(v) if finite and not all_finite else v, None, narrow)]
+                for v in values]
+
+    special = None if all_finite else terms(False)
     acc = accumulation_format(model, pfmt)
     threaded = pfmt.p < acc.p and o.array.size >= GRAIN_SIZE
 
@@ -107,7 +128,9 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
         return E, overflow_possible(sol.S, acc, n)
 
     # The terms of the finite values, for a declared order's bound and its emulated kernel.
-    source = RowSource(zero_nonfinite(moved)) if declared(model) and not fmt.is_complex else None
+    source = None
+    if declared(model) and not fmt.is_complex:
+        source = RowSource(zero_nonfinite(moved).astype(np.float64, copy=False))
 
     def ordered_tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         E, partial_max = ordered_error(source, model.order, acc=acc, S=sol.S,

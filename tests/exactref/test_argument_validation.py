@@ -12,6 +12,11 @@ F32_B = np.ones((3, 2), dtype=np.float32)
 F64 = np.ones((2, 3), dtype=np.float64)
 
 
+def _meta(shape):
+    torch = pytest.importorskip("torch")
+    return torch.ones(shape, device="meta")
+
+
 def ok_result():
     return er.matmul(F32, F32_B)
 
@@ -73,6 +78,16 @@ CASES = [
     (lambda: er.models.ErrorModel(failure_rate="1e-12"), ValueError, r"failure_rate='1e-12' must be None"),
     (lambda: er.matmul(np.ones((1 << 17, 1), np.float32), np.ones((1, 1 << 17), np.float32)),
      ValueError, r"matmul: the product needs about .* GiB of working memory"),
+    (lambda: er.sum(np.broadcast_to(np.float32(1), (10 ** 6, 10 ** 6))), ValueError,
+     r"x has shape \(1000000, 1000000\): reading it needs about 18626.5 GiB \(a copy and its float64"),
+    (lambda: er.sum(np.ma.masked_array([1.0, 2.0], mask=[False, True])), TypeError,
+     r"x is a numpy masked array.*x.filled\(value\).*np.asarray\(x.data\)"),
+    (lambda: er.matmul(F32, np.ma.masked_array(F32_B)), TypeError, r"^B is a numpy masked array"),
+    (lambda: er.asarray(np.ma.masked_array([1.0])), TypeError, r"obj is a numpy masked array"),
+    (lambda: er.matmul.backward(F32, F32_B, np.ma.masked_array(np.ones((2, 2), np.float32))), TypeError,
+     r"grad is a numpy masked array"),
+    (lambda: er.matmul(_meta((2, 3)), F32_B), TypeError, r"^A is a torch tensor on the meta device.*device='cpu'"),
+    (lambda: er.sum(_meta((4,))), TypeError, r"^x is a torch tensor on the meta device"),
 ]
 
 

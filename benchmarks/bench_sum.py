@@ -1,0 +1,102 @@
+"""Speed and working memory of the exact sum against torch's float64 sum, measured in this process.
+
+Prints one row per sum case of issue 12's table, each the median of
+``--repeat`` interleaved runs, as a ratio to ``torch.sum`` on the same
+inputs widened to float64 (its time is printed too).  No thread variable is
+set.
+
+* sum float32, n = 10^6 / 10^7: targets <= 5x;
+* sum float32, n = 10^8: runs, in at most 32 bytes of working memory per element.
+
+"Exact" is ``er.sum(x)`` with ``.rounded`` and ``.tolerance`` read.  Working
+memory is measured with tracemalloc, to which numpy reports every array it
+allocates: the highest traced total during one call, minus what was traced
+before it (the input itself is not counted; the Result is), divided by n.
+
+Run: python benchmarks/bench_sum.py [--only 1e8] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+import exactref as er
+
+CASES = {"1e6": (10 ** 6, 5.0), "1e7": (10 ** 7, 5.0), "1e8": (10 ** 8, None)}
+BYTES_TARGET = 32
+
+
+def median_times(fns: list[Callable[[], object]], repeat: int) -> list[float]:
+    """Median time of each function, runs interleaved so that load on the machine hits all alike."""
+    for fn in fns:
+        fn()  # warm up
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times]
+
+
+def peak_bytes(fn: Callable[[], object]) -> int:
+    """The most bytes traced at once while ``fn`` runs (its result included), above what was traced before."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        kept = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+        del kept
+    finally:
+        tracemalloc.stop()
+    return peak - before
+
+
+def row(label: str, n: int, target: float | None, repeat: int) -> str:
+    x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    t64 = torch.from_numpy(x).double()
+
+    def exact() -> er.Result:
+        res = er.sum(x)
+        res.rounded, res.tolerance  # noqa: B018 - what a user reads
+        return res
+
+    try:
+        base, ours = median_times([lambda: torch.sum(t64), exact], repeat)
+    except ValueError as exc:
+        return f"sum float32 n={label}: refused: {exc}"
+    ratio = ours / base
+    line = (f"sum float32 n={label}: torch float64 {base * 1e3:8.2f} ms, exact {ours * 1e3:8.1f} ms, "
+            f"ratio {ratio:6.1f}x")
+    if target is not None:
+        line += f" (target <= {target:g}x) {'ok' if ratio <= target else 'MISSED'}"
+    else:
+        per = peak_bytes(exact) / n
+        line += f"; working memory {per:.1f} bytes/element (target <= {BYTES_TARGET}) " \
+                f"{'ok' if per <= BYTES_TARGET else 'MISSED'}"
+    return line
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7, help="runs per row (median)")
+    parser.add_argument("--only", default="", help="run only rows whose n contains this (1e6, 1e7, 1e8)")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} torch threads, "
+          f"median of {args.repeat}")
+    for label, (n, target) in CASES.items():
+        if args.only in label:
+            repeat = args.repeat if n < 10 ** 8 else max(1, min(args.repeat, 3))
+            print(row(label, n, target, repeat), flush=True)
+
+
+if __name__ == "__main__":
+    main()
