@@ -27,7 +27,7 @@ from .formats import (
 )
 from .rounding import round_float64, to_dtype
 
-__all__ = ["Operand", "asarray", "available_memory", "check_readable", "operand", "promote", "values_of"]
+__all__ = ["PROMOTIONS", "Operand", "asarray", "available_memory", "check_readable", "operand", "promote", "values_of"]
 
 _MEMORY: list[int] = []
 
@@ -118,6 +118,11 @@ def _plain(obj: Any) -> np.ndarray:
         try:
             return np.from_dlpack(obj)
         except (TypeError, RuntimeError, BufferError):
+            # numpy's DLPack has no bfloat16; __array__ (JAX's gives ml_dtypes' bfloat16) needs no torch.
+            if hasattr(obj, "__array__"):
+                arr = np.asarray(obj)
+                if arr.dtype != object:
+                    return arr
             import torch
 
             return _torch_to_numpy(torch.from_dlpack(obj))
@@ -174,7 +179,10 @@ def _from_objects(arr: np.ndarray, obj: Any) -> np.ndarray:
 
 def _infer_format(arr: np.ndarray, obj: Any) -> Format | ComplexFormat:
     kind = arr.dtype.kind
-    from_python = not isinstance(obj, np.ndarray) and not _is_torch(obj) and not isinstance(obj, np.generic)
+    # Python data (lists, numbers) takes torch's default dtypes; an array of any library (numpy, torch, JAX,
+    # CuPy: anything with a dtype, __dlpack__ or __array__) keeps its own.
+    from_python = not (isinstance(obj, (np.ndarray, np.generic)) or _is_torch(obj) or hasattr(obj, "dtype")
+                       or hasattr(obj, "__dlpack__") or hasattr(obj, "__array__"))
     if from_python and kind in "fc":
         return FORMATS["complex64"] if kind == "c" else FLOAT32
     if kind in "iub":
@@ -269,15 +277,32 @@ def _promote_pair(a: Format | ComplexFormat, b: Format | ComplexFormat) -> Forma
     return complex_of(part) if a.is_complex or b.is_complex else part
 
 
-def promote(operands: list[Operand], op: str) -> Format | ComplexFormat:
-    """``torch.result_type`` of the operands: dimensioned arrays, then 0-d arrays, then Python scalars."""
+#: The type promotion rules an elementwise op may follow.
+PROMOTIONS = ("torch", "numpy")
+
+
+def check_promotion(promotion: Any, op: str) -> str:
+    if promotion not in PROMOTIONS:
+        raise ValueError(f"{op}: promotion={promotion!r} must be 'torch' (torch.result_type, the default) or "
+                         "'numpy' (numpy 2's rules, where a 0-d array counts as an array)")
+    return str(promotion)
+
+
+def promote(operands: list[Operand], op: str, promotion: str = "torch") -> Format | ComplexFormat:
+    """``torch.result_type`` of the operands: dimensioned arrays, then 0-d arrays, then Python scalars.
+
+    With ``promotion="numpy"``, numpy 2's rules (NEP 50): a 0-d array counts
+    as an array, and only Python scalars are weak, so float16 array + float32
+    0-d array is float32 (torch: float16).
+    """
     tiers: list[Format | ComplexFormat | None] = [None, None, None]
     for o in operands:
         fmt = o.fmt
+        tier = 2 if promotion == "numpy" and o.tier == 1 else o.tier
         if o.tier == 0:
             # A Python float or complex counts as the default dtype in its tier.
             fmt = FORMATS["complex64"] if o.fmt.is_complex else FLOAT32
-        tiers[o.tier] = fmt if tiers[o.tier] is None else _promote_pair(tiers[o.tier], fmt)
+        tiers[tier] = fmt if tiers[tier] is None else _promote_pair(tiers[tier], fmt)
     result = None
     for fmt in reversed(tiers):
         if fmt is None:

@@ -229,7 +229,7 @@ def _dtype_mismatch(x: Any, result: Result) -> str:
     if isinstance(x, np.ndarray):
         text += (f"If the kernel is numpy code, numpy's promotion may have chosen {name}: numpy 2 promotes a "
                  f"float16 array with a float32 0-d array to float32, where torch, whose promotion ExactRef "
-                 f"follows, keeps float16. ")
+                 f"follows, keeps float16 (er.add and er.multiply take promotion='numpy' to follow numpy). ")
     return text + f"Cast the output to {want}, or compute the reference from inputs of the kernel's format."
 
 

@@ -8,7 +8,9 @@ attention or of matrix_exp.
   formats, numpy's own loop for float16; each a dot product in some order,
   rounded once: the default model.  bfloat16 (an ml_dtypes type) is left
   out: its matmul returns float32.
-* add and multiply are ``np.add`` and ``np.multiply``, rounded once.  add is
+* add and multiply are ``np.add`` and ``np.multiply``, rounded once, with
+  numpy's promotion (``promotion="numpy"``: a 0-d array counts as an
+  array).  add is
   drawn with ``alpha=1``: ``np.add`` has no alpha, and ``x + alpha * y``
   would round twice.  Complex add is a known failure, of semantics rather
   than accuracy: numpy adds the parts separately, so 0 + (inf+0j) is inf+0j,
@@ -57,8 +59,9 @@ EXACTREF_KERNELS: dict[str, Any] = {
     "matmul": {"forward": np.matmul, "arrays": "numpy",
                "formats": [f for f in er.FORMATS if f != "bfloat16"]},
     "add": {"forward": _add, "arrays": "numpy", "strategy_options": {"alpha": 1},
+            "reference_options": {"promotion": "numpy"},
             "known_failures": dict.fromkeys(("complex64", "complex128"), _COMPLEX_ADD)},
-    "multiply": {"forward": np.multiply, "arrays": "numpy"},
+    "multiply": {"forward": np.multiply, "arrays": "numpy", "reference_options": {"promotion": "numpy"}},
     "sum": {"forward": _sum, "arrays": "numpy",
             "model": dict.fromkeys(_HALF, er.models.REDUCED_PRECISION_REDUCTION)},
 }

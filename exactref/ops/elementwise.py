@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .._convert import Operand, operand, promote, values_of
+from .._convert import Operand, check_promotion, operand, promote, values_of
 from ..engine.sumprod import RowTerm, Solution, Term
 from ..formats import ComplexFormat, Format, part_of
 from ..models._bounds import (
@@ -38,11 +38,13 @@ from ._common import Op, PartSpec, build, check_size, fold_copies, read_grad, ze
 __all__ = ["add", "multiply"]
 
 
-def _read(op: str, x: Any, y: Any) -> tuple[Operand, Operand, Format | ComplexFormat, tuple[int, ...]]:
+def _read(op: str, x: Any, y: Any, promotion: str = "torch") -> tuple[Operand, Operand, Format | ComplexFormat,
+                                                                      tuple[int, ...]]:
+    promotion = check_promotion(promotion, op)
     ox, oy = operand(x, "x"), operand(y, "y")
     if ox.tier == 0 and oy.tier == 0:
         raise TypeError(f"{op}: x and y are both Python scalars; at least one must be an array")
-    fmt = promote([ox, oy], op)
+    fmt = promote([ox, oy], op, promotion)
     try:
         shape = np.broadcast_shapes(ox.shape, oy.shape)
     except ValueError:
@@ -104,15 +106,19 @@ def _scalar_error(o: Operand, fmt: Format, scale: float | np.ndarray) -> float |
 # ---------------------------------------------------------------------------- add
 
 
-def add(x: Any, y: Any, *, alpha: float | complex = 1, model: ErrorModel = DEFAULT) -> Result:
+def add(x: Any, y: Any, *, alpha: float | complex = 1, model: ErrorModel = DEFAULT,
+        promotion: str = "torch") -> Result:
     """The exact ``x + alpha * y`` with ``torch.add``'s semantics, rounded once.
+
+    ``promotion="numpy"`` picks the output format by numpy 2's rules instead
+    of torch's (a 0-d array counts as an array), to judge numpy code.
 
     >>> import exactref as er
     >>> er.add([1.0, 2.0], 0.5, alpha=2).rounded.tolist()
     [2.0, 3.0]
     """
     model = check_model(model)
-    ox, oy, fmt, shape = _read("add", x, y)
+    ox, oy, fmt, shape = _read("add", x, y, promotion)
     alpha = read_coefficient(alpha, "alpha", fmt, "add")
     pfmt = part_of(fmt)
     op_fmt = opmath_format(pfmt)
@@ -189,15 +195,18 @@ def _add_backward(ox: Operand, oy: Operand, grad: Any, alpha: float | complex, f
 # ---------------------------------------------------------------------------- multiply
 
 
-def multiply(x: Any, y: Any, *, model: ErrorModel = DEFAULT) -> Result:
+def multiply(x: Any, y: Any, *, model: ErrorModel = DEFAULT, promotion: str = "torch") -> Result:
     """The exact ``x * y`` with ``torch.mul``'s semantics, rounded once.
+
+    ``promotion="numpy"`` picks the output format by numpy 2's rules instead
+    of torch's (a 0-d array counts as an array), to judge numpy code.
 
     >>> import exactref as er
     >>> er.multiply([3.0], [0.5]).rounded.tolist()
     [1.5]
     """
     model = check_model(model)
-    ox, oy, fmt, shape = _read("multiply", x, y)
+    ox, oy, fmt, shape = _read("multiply", x, y, promotion)
     pfmt = part_of(fmt)
     op_fmt = opmath_format(pfmt)
     # multiply reads a Python scalar in the format it computes in (float32 for half types).
@@ -322,14 +331,16 @@ def _reduce_grad(op: str, name: str, o: Operand, fmt: Format | ComplexFormat, mo
     return build(f"{op}.backward {name}", target, tuple(o.shape), specs, model)
 
 
-add = Op("add", add, lambda x, y, grad, *, alpha=1, model=DEFAULT: _backward_entry("add", x, y, grad, alpha, model))
-multiply = Op("multiply", multiply,
-              lambda x, y, grad, *, model=DEFAULT: _backward_entry("multiply", x, y, grad, None, model))
+add = Op("add", add, lambda x, y, grad, *, alpha=1, model=DEFAULT, promotion="torch":
+         _backward_entry("add", x, y, grad, alpha, model, promotion))
+multiply = Op("multiply", multiply, lambda x, y, grad, *, model=DEFAULT, promotion="torch":
+              _backward_entry("multiply", x, y, grad, None, model, promotion))
 
 
-def _backward_entry(op: str, x: Any, y: Any, grad: Any, alpha: Any, model: ErrorModel) -> Gradients:
+def _backward_entry(op: str, x: Any, y: Any, grad: Any, alpha: Any, model: ErrorModel,
+                    promotion: str = "torch") -> Gradients:
     model = check_model(model)
-    ox, oy, fmt, shape = _read(op, x, y)
+    ox, oy, fmt, shape = _read(op, x, y, promotion)
     if op == "add":
         return _add_backward(ox, oy, grad, read_coefficient(alpha, "alpha", fmt, op), fmt, shape, model)
     return _multiply_backward(ox, oy, grad, fmt, shape, model)

@@ -97,3 +97,21 @@ def test_check_names_a_torch_tensor_of_another_dtype():
     result = er.multiply(np.float32([1.5]), np.float32([2.0]))
     with pytest.raises(er.ShapeMismatchError, match="multiply: got float64 values for a float32 result"):
         result.check(torch.tensor([3.0], dtype=torch.float64))
+
+
+def test_promotion_numpy_follows_numpys_rules_forward_and_backward():
+    x, y = np.ones(3, np.float16), np.array(np.float32(2))
+    for op, numpy_op in ((er.add, np.add), (er.multiply, np.multiply)):
+        assert op(x, y).dtype == np.float16  # torch: the 0-d array does not widen the array
+        judged = op(x, y, promotion="numpy")
+        assert judged.dtype == np.result_type(x, y) == np.float32
+        judged.check(numpy_op(x, y))
+        grads = op.backward(x, y, np.ones(3, np.float32), promotion="numpy")
+        assert grads["grad_x"].dtype == np.float16 and grads["grad_y"].dtype == np.float32
+    # Python scalars stay weak in numpy 2 as in torch.
+    assert er.add(x, 2.5, promotion="numpy").dtype == np.float16
+
+
+def test_an_unknown_promotion_names_the_argument():
+    with pytest.raises(ValueError, match=r"add: promotion='jax' must be 'torch' .* or 'numpy'"):
+        er.add(np.ones(2, np.float32), np.ones(2, np.float32), promotion="jax")
