@@ -5,6 +5,7 @@ from ._convert import asarray
 from .errors import (
     MismatchError,
     OutOfToleranceError,
+    ReferenceBudgetError,
     ReferenceUnavailableError,
     ShapeMismatchError,
     SpecialValueError,
@@ -35,6 +36,7 @@ __all__ = [
     "Gradients",
     "MismatchError",
     "OutOfToleranceError",
+    "ReferenceBudgetError",
     "ReferenceUnavailableError",
     "Result",
     "ShapeMismatchError",

@@ -7,6 +7,7 @@ from typing import Any
 __all__ = [
     "MismatchError",
     "OutOfToleranceError",
+    "ReferenceBudgetError",
     "ReferenceUnavailableError",
     "ShapeMismatchError",
     "SpecialValueError",
@@ -20,6 +21,18 @@ class ReferenceUnavailableError(ArithmeticError):
     boundary, or exactly zero by cancellation, where no finite precision of
     interval arithmetic separates it from the boundary.  ExactRef raises this
     rather than guess.
+    """
+
+
+class ReferenceBudgetError(ReferenceUnavailableError):
+    """Deciding a rounding would take more certified work than the op's budget allows.
+
+    Raised instead of running for minutes or hours when a value is so close
+    to a rounding boundary (or to zero) that each further doubling of the
+    precision costs more than the budget left: such a value is almost always
+    exactly a boundary.  The message names the element, the work the next
+    step needs and the budget; an op that raises it takes a ``refine_budget``
+    argument to allow more.
     """
 
 

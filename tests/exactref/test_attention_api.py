@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import exactref as er
+from exactref.ops.attention import AttentionTolerance
 from exactref.ops.attention import _second as second
 from exactref.ops.attention._first import exp_bounded
-from exactref.ops.attention import AttentionTolerance
 
 sdpa = er.scaled_dot_product_attention
 

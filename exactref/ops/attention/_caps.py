@@ -40,14 +40,17 @@ def _hull(fp: FirstPass) -> tuple[np.ndarray, np.ndarray]:
     """min_j v_jc and max_j v_jc over the keys j that row i attends to, (H, L, Ev); 0 for empty rows."""
     H, L, S = fp.unmasked.shape
     Ev = fp.Vh.shape[-1]
-    lo = np.zeros((H, L, Ev))
-    hi = np.zeros((H, L, Ev))
-    step = max(1, _CHUNK // max(1, H * S * Ev))
-    V = fp.Vh[:, None, :, :]
-    for a in range(0, L, step):
-        um = fp.unmasked[:, a:a + step, :, None]
-        lo[:, a:a + step] = np.min(np.where(um, V, np.inf), axis=2, initial=np.inf)
-        hi[:, a:a + step] = np.max(np.where(um, V, -np.inf), axis=2, initial=-np.inf)
+    # A row that attends to every key (no mask, the common case) has its head's column extremes.
+    lo = np.broadcast_to(np.min(fp.Vh, axis=1, initial=np.inf)[:, None, :], (H, L, Ev)).copy()
+    hi = np.broadcast_to(np.max(fp.Vh, axis=1, initial=-np.inf)[:, None, :], (H, L, Ev)).copy()
+    hs, rows = np.nonzero(~fp.unmasked.all(axis=-1))
+    step = max(1, _CHUNK // max(1, S * Ev))
+    for a in range(0, len(hs), step):
+        h, i = hs[a:a + step], rows[a:a + step]
+        um = fp.unmasked[h, i][:, :, None]  # (n, S, 1)
+        V = fp.Vh[h]  # (n, S, Ev)
+        lo[h, i] = np.min(np.where(um, V, np.inf), axis=1, initial=np.inf)
+        hi[h, i] = np.max(np.where(um, V, -np.inf), axis=1, initial=-np.inf)
     empty = ~np.isfinite(lo)
     return np.where(empty, 0.0, lo), np.where(empty, 0.0, hi)
 

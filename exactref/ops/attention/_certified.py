@@ -5,11 +5,14 @@ Three steps, cheapest first, for each undecided element:
 1. *Structural zeros.*  An element every term of which is exactly zero (a
    fully masked row, a zero column of V, a zero row of dO, ...) is +0.
 2. *Arb.*  The element is computed in Arb ball arithmetic from the exact
-   inputs, at 64 bits, then at twice the precision until its ball rounds to
+   inputs, at 64 bits (128 after the longdouble second pass, which a 64-bit
+   ball does not beat), then at twice the precision until its ball rounds to
    one value (:func:`exactref.engine.certified.round_certified`).  The work
    is per head: the logits Q K^T and the products with V, dO, K and Q are
-   ``arb_mat`` products; only the exps and the elementwise softmax steps run
-   element by element in Python.
+   ``arb_mat`` products; an element of grad_key or grad_value, which needs
+   every row of its head, comes from ``_wholehead``, where only the exps run
+   one by one in Python.  The balls are decided in float64 where that
+   suffices (:func:`_decide_many`), exactly otherwise.
 3. *Exact analysis*, from the second precision on, to recognise the values
    that are exactly a rounding boundary or zero, which no precision
    separates from the boundary.  By the Lindemann-Weierstrass theorem,
@@ -22,6 +25,14 @@ Three steps, cheapest first, for each undecided element:
    when every row it sums has rational weights (all its logits equal); if
    such a sum is exactly a boundary and some row's weights are
    transcendental, the precision cap raises ReferenceUnavailableError.
+   Which rows contribute and which are rational is read from the first
+   pass's enclosures, with exact arithmetic only where they overlap, so the
+   analysis costs O(L S) float operations per head, not O(L S) Fractions
+   per element.
+
+Each step's work is estimated before it runs (:meth:`Refiner._cost`), and
+one output may spend at most its budget: a step past it raises
+ReferenceBudgetError instead of running for hours.
 
 Past the first precision the Arb values are computed as an exact rational
 part plus a remainder (``_split``), so a value off a boundary, or off zero,
@@ -31,7 +42,7 @@ sign proven to round to zero is +0.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import Any
 
@@ -46,14 +57,24 @@ from ...engine.certified import (
     round_certified,
 )
 from ...engine.exact import exact_dot_rows
+from ...errors import ReferenceBudgetError
 from ...formats import Format
+from ...rounding import decide, next_down, next_up
 from ._first import FirstPass
 from ._problem import Problem
 from ._split import RowSplit, Split, decide_split
+from ._wholehead import BULK, WholeHead, head_cost
+from ._wholehead import int_matrix as _int_matrix
 
 __all__ = ["Refiner"]
 
 WHICH = ("out", "query", "key", "value")
+
+#: The work (in units of about one 64-bit Arb exp: a microsecond or two) the refinement of one output
+#: may do by default: a few minutes at most.
+DEFAULT_BUDGET = float(2 ** 27)
+_FRACTION = 24.0  # units per key and per pair of the split's Fraction arithmetic (measured: 1 to 6 us)
+_REPORT_WORK = float(2 ** 22)  # the most work exact_value spends on a split before a direct ball
 
 
 def _fraction(n: int, e: int) -> Fraction:
@@ -75,16 +96,39 @@ def _arb_mat(a: np.ndarray) -> flint.arb_mat:
     return flint.arb_mat(rows, cols, a.reshape(-1).tolist())
 
 
-def _int_matrix(a: np.ndarray) -> tuple[flint.fmpz_mat, int]:
-    """An integer matrix M and an exponent e with a == M * 2**e exactly (a finite, float64)."""
-    mant, ex = np.frexp(a)
-    m = np.ldexp(mant, 53).astype(np.int64)
-    ex = ex.astype(np.int64) - 53
-    nonzero = m != 0
-    base = int(ex[nonzero].min()) if nonzero.any() else 0
-    shifts = np.where(nonzero, ex - base, 0).reshape(-1).tolist()
-    entries = [int(v) << k for v, k in zip(m.reshape(-1).tolist(), shifts)]
-    return flint.fmpz_mat(a.shape[0], a.shape[1], entries), base
+def _decide_many(items: list[Any], fmt: Format) -> dict[int, Decision]:
+    """Decisions for the balls (or Splits) that float64 arithmetic settles, keyed by ``id(item)``.
+
+    Each ball's midpoint m is read as hi + lo (hi = m rounded, lo = m - hi,
+    exact in Arb, then rounded: less than |lo| 2**-52 off) and its radius
+    rounded up, and :func:`exactref.rounding.decide` decides them all at
+    once, as for the first pass; what it leaves goes to ``decide_split`` one
+    by one.  Roughly ten times faster than deciding every ball exactly.
+    """
+    n = len(items)
+    hi, lo, rad = np.zeros(n), np.zeros(n), np.full(n, np.inf)
+    for t, item in enumerate(items):
+        ball = item.ball if isinstance(item, Split) else item
+        if not ball.is_finite():
+            continue
+        m = ball.mid()
+        h = float(m)
+        if not (2.0 ** -960 < abs(h) < 2.0 ** 1000):
+            continue  # near zero or float64's range: left to the exact decision
+        dd = m - h  # exact at the working precision; its radius is counted all the same
+        d = float(dd)
+        hi[t], lo[t] = h, d
+        rad[t] = (float(ball.rad()) + float(dd.rad())) * (1 + 2.0 ** -50) + abs(d) * 2.0 ** -52 + 2.0 ** -1070
+    with np.errstate(invalid="ignore", over="ignore"):
+        rounded, ok = decide(hi, lo, rad, fmt)
+        # The float64 neighbours of hi + lo -+ rad, as tight as an exact decision gives them, where
+        # lo and rad are below hi's gaps (a 128-bit ball: always); looser bounds elsewhere.
+        down, upper = next_down(hi), next_up(hi)
+        spread = (np.abs(lo) + rad) * (1 + 2.0 ** -50)
+        mid = hi + lo
+        x_lo = np.where(lo >= rad, hi, np.where(spread <= hi - down, down, next_down(next_down(mid) - rad)))
+        x_hi = np.where(-lo >= rad, hi, np.where(spread <= upper - hi, upper, next_up(next_up(mid) + rad)))
+    return {id(items[t]): (float(rounded[t]), float(x_lo[t]), float(x_hi[t])) for t in np.flatnonzero(ok)}
 
 
 class _Head:
@@ -164,28 +208,25 @@ class _Head:
         prod = (m * self.Km).entries() if pb.S else [flint.arb(0)] * (len(rows) * pb.E)
         return {i: [self.s * x for x in prod[r * pb.E:(r + 1) * pb.E]] for r, i in enumerate(rows)}
 
-    def grad_kv(self, which: str) -> list[flint.arb]:
-        """The head's whole grad_key (scaled) or grad_value, row-major (S, E or Ev)."""
-        pb = self.ref.pb
-        rows = list(range(pb.L))
-        if which == "key":
-            dS = self.dS(rows)
-            m = flint.arb_mat(pb.L, pb.S, [x for i in rows for x in dS[i]])
-            return [self.s * x for x in (m.transpose() * _arb_mat(self.Q)).entries()]
-        self.weights(rows)
-        m = flint.arb_mat(pb.L, pb.S, [x for i in rows for x in self.P[i]])
-        return (m.transpose() * _arb_mat(self.ref.G[self.h])).entries()
-
 
 class Refiner:
     """Decides the elements of attention's outputs that the first pass left undecided."""
 
-    def __init__(self, pb: Problem, fp: FirstPass, op: str, G: np.ndarray | None) -> None:
+    def __init__(self, pb: Problem, fp: FirstPass, op: str, G: np.ndarray | None,
+                 budget: float = DEFAULT_BUDGET, after_second: bool = False) -> None:
         self.pb, self.fp, self.op = pb, fp, op
         self.G = G  # the output gradient per head (H, L, Ev), or None for the forward
+        # The work the Arb refinement of one output may do, in units of one exp at 64 bits (see _charge).
+        self.budget = budget
+        # After the 64-bit extended second pass, a 64-bit Arb ball is no tighter: start higher.
+        self._after_second = after_second
+        self._spent = 0.0
         self._start = START_PRECISION
+        self._varies: dict[int, np.ndarray] = {}
+        self._rational: dict[int, np.ndarray] = {}
+        self._dP_rows: dict[tuple[int, int], tuple[list[Fraction], Fraction]] = {}
         self._heads: dict[tuple[int, int], _Head] = {}
-        self._kv: dict[tuple[int, int, str], list[flint.arb]] = {}
+        self._kv: dict[tuple[int, int], WholeHead] = {}
         self._exact: dict[tuple[str, int], tuple[str, Any]] = {}
         self._keys: dict[tuple[int, int], list[Any]] = {}
         self._dP: dict[int, tuple[list[list[flint.fmpz]], int]] = {}
@@ -262,17 +303,22 @@ class Refiner:
             for f, heads, i, c in parts:
                 out[f] = sum((got[h][i][c] for h in heads), flint.arb(0))
             return out
-        cols = pb.E if which == "key" else pb.Ev
-        for f in flats:
-            b, j, c = np.unravel_index(f, shape)
+        b, j, c = (a.tolist() for a in np.unravel_index(np.asarray(flats, dtype=np.int64), shape))
+        heads = pb.copies(which)[b].tolist()
+        count = Counter(h for hs in heads for h in hs)
+        for f, hs, jj, cc in zip(flats, heads, j, c):
             total = flint.arb(0)
-            for h in pb.copies(which)[b]:
-                key = (int(h), flint.ctx.prec, which)
-                if key not in self._kv:
-                    self._kv[key] = self._head(int(h)).grad_kv(which)
-                total += self._kv[key][int(j) * cols + int(c)]
+            for h in hs:
+                total += self._whole_head(h).element(which, jj, cc, bulk=count[h] > BULK)
             out[f] = total
         return out
+
+    def _whole_head(self, h: int) -> WholeHead:
+        key = (h, flint.ctx.prec)
+        if key not in self._kv:
+            self._kv = {k: v for k, v in self._kv.items() if k[1] == flint.ctx.prec}  # free lower precisions
+            self._kv[key] = WholeHead(self.pb, self.fp, self.G, h)
+        return self._kv[key]
 
     # ------------------------------------------------------------------ step 2b: R + eps (see _split)
 
@@ -422,45 +468,87 @@ class Refiner:
         if which == "query" and len(heads) == 1:
             return self._analyse_row_grad_query(heads[0], r, c)
         # A sum over rows: exact only when every contributing row has rational weights.
-        contributing = []
-        for h in heads:
-            rows = [r] if which == "query" else [i for i in range(pb.L) if fp.unmasked[h, i, r]]
-            contributing += [(h, i) for i in rows if not self._term_zero(which, h, i, r, c)]
-        transcendental = sum(not self._row_rational(h, i) for h, i in contributing)
+        contributing = [(h, int(i)) for h in heads for i in self._contributing(which, h, r, c)]
+        transcendental = sum(not self._rational_rows(h)[i] for h, i in contributing)
         if transcendental:
             return "unknown", (f"it sums terms from {len(contributing)} query rows, {transcendental} of "
                                "them with transcendental attention weights, and such a sum is found exact "
                                "only when every term is rational")
         R = Fraction(0)
         for h, i in contributing:
-            keys = self._logit_keys(h, i)
-            live = [j for j, k in enumerate(keys) if k is not None]
-            if not live:
+            n = int(fp.unmasked[h, i].sum())
+            if not n:
                 continue
-            n = len(live)
             g = self.G[h, i]
             if which == "value":
                 R += Fraction(float(g[c])) / n
                 continue
-            dP = self._dP_exact(h, i)
-            D = sum((dP[j] for j in live), Fraction(0)) / n
+            dP, D = self._dP_row(h, i)
             if which == "key":
                 R += (dP[r] - D) / n * Fraction(float(fp.Qh[h, i, c]))
             else:
+                live = np.flatnonzero(fp.unmasked[h, i]).tolist()
                 R += sum(((dP[j] - D) * Fraction(float(fp.Kh[h, j, c])) for j in live), Fraction(0)) / n
         return ("rational", R) if which == "value" else self._scaled(R)
 
-    def _term_zero(self, which: str, h: int, i: int, r: int, c: int) -> bool:
-        """Whether row i of head h adds exactly zero to the element (r, c) of a gradient sum."""
-        fp, G = self.fp, self.G
+    def _dP_row(self, h: int, i: int) -> tuple[list[Fraction], Fraction]:
+        """Row i's exact dP and its mean D over the live keys (D for rational weights 1/n)."""
+        if (h, i) not in self._dP_rows:
+            dP = self._dP_exact(h, i)
+            live = np.flatnonzero(self.fp.unmasked[h, i]).tolist()
+            D = sum((dP[j] for j in live), Fraction(0)) / max(len(live), 1)
+            self._dP_rows[(h, i)] = (dP, D)
+        return self._dP_rows[(h, i)]
+
+    def _contributing(self, which: str, h: int, r: int, c: int) -> np.ndarray:
+        """The query rows of head h whose term in element (r, c) of a gradient sum is not exactly zero."""
+        fp = self.fp
         if which == "value":
-            return G[h, i, c] == 0
-        live = np.flatnonzero(fp.unmasked[h, i])
-        if len({self._dP_exact(h, i)[j] for j in live}) <= 1:
-            return True  # dP is constant over the row's keys, so dP - D and the row's dS vanish
+            return np.flatnonzero(fp.unmasked[h, :, r] & (self.G[h, :, c] != 0))
+        varies = self._dP_varies(h)  # a row whose dP is constant over its keys has dP - D = 0, so dS = 0
         if which == "key":
-            return fp.Qh[h, i, c] == 0
-        return not fp.Kh[h, fp.unmasked[h, i], c].any()
+            return np.flatnonzero(fp.unmasked[h, :, r] & varies & (fp.Qh[h, :, c] != 0))
+        live = fp.unmasked[h, r]
+        return np.array([r] if varies[r] and fp.Kh[h, live, c].any() else [], dtype=np.int64)
+
+    def _dP_varies(self, h: int) -> np.ndarray:
+        """(L,) bool: row i's exact dP is not constant over its live keys.
+
+        Decided from the first pass's enclosures where two of them are disjoint
+        (nearly every row), exactly from the integers of dP otherwise.
+        """
+        if h not in self._varies:
+            fp = self.fp
+            live = fp.unmasked[h]
+            with np.errstate(invalid="ignore", over="ignore"):
+                lo = np.where(live, next_down(fp.dP[h] - fp.e_dP[h]), -np.inf)
+                hi = np.where(live, next_up(fp.dP[h] + fp.e_dP[h]), np.inf)
+                varies = np.max(lo, axis=-1, initial=-np.inf) > np.min(hi, axis=-1, initial=np.inf)
+            for i in np.flatnonzero(~varies):
+                ints = self._dP_head(h)[0][i]
+                varies[i] = len({ints[j] for j in np.flatnonzero(live[i])}) > 1
+            self._varies[h] = varies
+        return self._varies[h]
+
+    def _rational_rows(self, h: int) -> np.ndarray:
+        """(L,) bool: every live logit of row i is exactly the same, so its weights are 1/n, rational.
+
+        Rows with two disjoint logit enclosures from the first pass are not (by
+        Lindemann-Weierstrass their weights are transcendental); the rest are
+        checked exactly.
+        """
+        if h not in self._rational:
+            fp = self.fp
+            live = fp.unmasked[h]
+            with np.errstate(invalid="ignore", over="ignore"):
+                lo = np.where(live, next_down(fp.Z[h] - fp.ez[h]), -np.inf)
+                hi = np.where(live, next_up(fp.Z[h] + fp.ez[h]), np.inf)
+                differ = np.max(lo, axis=-1, initial=-np.inf) > np.min(hi, axis=-1, initial=np.inf)
+            rational = ~differ
+            for i in np.flatnonzero(rational):
+                rational[i] = self._row_rational(h, int(i))
+            self._rational[h] = rational
+        return self._rational[h]
 
     def _groups(self, h: int, i: int) -> dict[Any, list[int]]:
         groups: dict[Any, list[int]] = defaultdict(list)
@@ -511,48 +599,78 @@ class Refiner:
 
     # ------------------------------------------------------------------ the loop
 
-    def refine(self, which: str, flats: np.ndarray, fmt: Format) -> dict[int, Decision]:
-        """Decide every flat index in ``flats``: {flat: (rounded, x_lo, x_hi)}."""
-        # A float64 result needs more than 64 bits to be decided at all.
-        start = START_PRECISION if fmt.p <= 24 else 2 * START_PRECISION
+    # ------------------------------------------------------------------ the work budget
+
+    def _cost(self, which: str, flats: list[int], bits: int, split: bool) -> float:
+        """The work of evaluating ``flats`` at ``bits`` bits, directly or split, in units of one 64-bit exp.
+
+        A generous estimate from the shapes: the rows (or whole heads) the
+        elements need, their exps and matrix products, and a few units per
+        Fraction operation of the split.
+        """
+        pb = self.pb
+        f = (bits / 64) ** 1.5
+        b, r, _ = np.unravel_index(np.asarray(flats, dtype=np.int64), self._shape(which))
+        if which == "out":
+            rows = len(set(zip(b.tolist(), r.tolist())))
+            cost = rows * pb.S * (1 + pb.Ev / 32) * f
+            return cost * _FRACTION + len(flats) * pb.S * _FRACTION * f if split else cost
+        heads = pb.copies(which)[b]  # (n, copies)
+        if which == "query":
+            rows = len({(int(h), int(i)) for hs, i in zip(heads.tolist(), r.tolist()) for h in hs})
+            # Each head's exact dP = dO V^T (integers), once, and the rows' weights and dS.
+            fresh = len({int(h) for h in heads.reshape(-1).tolist()} - set(self._dP))
+            cost = rows * pb.S * (2 + pb.E / 32) * f + fresh * pb.L * pb.S * max(pb.Ev, 1) / 16
+            if split:
+                cost += (rows * pb.S + len(flats) * heads.shape[1] * pb.S ** 2 / 2) * _FRACTION * f
+            return cost
+        count = Counter(heads.reshape(-1).tolist())
+        if split:
+            return len(count) * pb.L * pb.S * _FRACTION * f + len(flats) * heads.shape[1] * pb.L * 4 * f * _FRACTION
+        return sum(head_cost(pb, bits, n) for n in count.values())
+
+    def _plan(self, which: str, flats: list[int], bits: int, split: bool) -> tuple[bool, float] | None:
+        """(split, cost) of the cheapest affordable way to evaluate ``flats`` at ``bits``, or None.
+
+        The split (R + eps) is preferred where it fits in what is left of the
+        budget: it alone settles a value exactly at a boundary.  A direct ball
+        is the fallback.
+        """
+        left = self.budget - self._spent
+        if split:
+            cost = self._cost(which, flats, bits, True)
+            if cost <= left:
+                return True, cost
+        cost = self._cost(which, flats, bits, False)
+        return (False, cost) if cost <= left else None
+
+    def refine(self, which: str, flats: np.ndarray, fmt: Format, presorted: bool = False
+               ) -> dict[int, Decision]:
+        """Decide every flat index in ``flats``: {flat: (rounded, x_lo, x_hi)}; ``presorted``: the
+        caller has already taken out the structural zeros.
+
+        Raises ReferenceUnavailableError where an element is undecided at the
+        precision cap, and ReferenceBudgetError where deciding it would take
+        more work than ``budget`` allows (so that no call runs for hours).
+        """
+        # A float64 result needs more than 64 bits to be decided at all; after the 64-bit extended
+        # second pass, neither does a narrower one.
+        start = START_PRECISION if fmt.p <= 24 and not self._after_second else 2 * START_PRECISION
         self._start = start
         flats = np.asarray(flats, dtype=np.int64)
         decided: dict[int, Decision] = {}
         if flats.size == 0:
             return decided
-        zero = self.structural_zeros(which, flats)
-        for f in flats[zero]:
-            decided[int(f)] = (0.0, 0.0, 0.0)
-        pending = [int(f) for f in flats[~zero]]
+        if not presorted:
+            zero = self.structural_zeros(which, flats)
+            for f in flats[zero]:
+                decided[int(f)] = (0.0, 0.0, 0.0)
+            flats = flats[~zero]
+        pending = [int(f) for f in flats]
         if not pending:
             return decided
-
-        def evaluate(indices: list[int]) -> list[flint.arb]:
-            balls: dict[int, flint.arb] = {}
-            arb_needed = []
-            for f in indices:
-                info = self.exact_info(which, f) if flint.ctx.prec > start else ("unknown", "")
-                if info[0] == "rational":
-                    balls[f] = _ball(info[1])
-                elif info[0] == "scaled":
-                    balls[f] = _ball(info[1]) * self.pb.scale.ball()
-                else:
-                    arb_needed.append(f)
-            if arb_needed:
-                # Past the first precision, as R + eps: a direct ball cannot resolve a tiny eps.
-                split = flint.ctx.prec > start
-                balls.update(self._split_values(which, arb_needed) if split
-                             else self._arb_values(which, arb_needed))
-            last.update(balls)
-            reached[0] = flint.ctx.prec
-            return [balls[f] for f in indices]
-
-        reached = [0]
-
-        def decide(item: Any, fmt: Format) -> Decision | None:
-            return decide_split(item, fmt, final=reached[0] >= MAX_PRECISION)
-
         last: dict[int, flint.arb] = {}
+        reached = [0, False]  # the precision evaluated last, and whether it is the last affordable one
 
         def describe(f: int) -> str:
             why = self._exact.get((which, f), ("unknown", ""))[1]
@@ -564,8 +682,55 @@ class Refiner:
                 text += f" lies on the rounding boundary {float(ball.mid())!r} to within the working precision"
             return text + (f"; {why}" if isinstance(why, str) and why else "")
 
+        def evaluate(indices: list[int]) -> list[flint.arb]:
+            bits = flint.ctx.prec
+            balls: dict[int, flint.arb] = {}
+            arb_needed = []
+            for f in indices:
+                info = self.exact_info(which, f) if bits > start else ("unknown", "")
+                if info[0] == "rational":
+                    balls[f] = _ball(info[1])
+                elif info[0] == "scaled":
+                    balls[f] = _ball(info[1]) * self.pb.scale.ball()
+                else:
+                    arb_needed.append(f)
+            if arb_needed:
+                # Past the first precision, as R + eps: a direct ball cannot resolve a tiny eps.
+                plan = self._plan(which, arb_needed, bits, bits > start)
+                if plan is None:
+                    raise ReferenceBudgetError(self._over_budget(describe(arb_needed[0]), which, arb_needed,
+                                                                 fmt, bits))
+                split, cost = plan
+                self._spent += cost
+                balls.update(self._split_values(which, arb_needed) if split
+                             else self._arb_values(which, arb_needed))
+            last.update(balls)
+            early.clear()
+            early.update(_decide_many([balls[f] for f in indices], fmt))
+            reached[0] = bits
+            reached[1] = bits >= MAX_PRECISION or (
+                bool(arb_needed) and self._plan(which, arb_needed, 2 * bits, True) is None)
+            return [balls[f] for f in indices]
+
+        early: dict[int, Decision] = {}
+
+        def decide(item: Any, fmt: Format) -> Decision | None:
+            hit = early.get(id(item))
+            if hit is not None:
+                return hit
+            # At the last precision that will be tried, a ball proven to round to zero is +0.
+            return decide_split(item, fmt, final=reached[1])
+
         decided.update(round_certified(evaluate, pending, fmt, describe, start=start, decide=decide))
         return decided
+
+    def _over_budget(self, what: str, which: str, flats: list[int], fmt: Format, bits: int) -> str:
+        need = self._cost(which, flats, bits, False)
+        return (f"{what}: its rounding to {fmt.name} is still undecided at {bits // 2} bits of precision, and "
+                f"the next step ({len(flats)} element(s) at {bits} bits) would take about {need:.3g} units of "
+                f"work (one unit: about one 64-bit Arb exp), past what is left of the budget of "
+                f"{self.budget:.3g} (spent {self._spent:.3g}); its exact value is probably exactly a rounding "
+                "boundary, or extremely close to one. Pass a larger refine_budget to allow more work")
 
     def exact_value(self, which: str, flat: int, bits: int = 128) -> flint.arb:
         """A ball holding the exact value of one element (exact when it is a known dyadic rational)."""
@@ -575,4 +740,6 @@ class Refiner:
                 return _ball(info[1])
             if info[0] == "scaled":
                 return _ball(info[1]) * self.pb.scale.ball()
-            return self._split_values(which, [flat])[flat].ball
+            if self._cost(which, [flat], bits, True) <= _REPORT_WORK:
+                return self._split_values(which, [flat])[flat].ball
+            return self._arb_values(which, [flat])[flat]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+import mpmath
 import numpy as np
 
 from ...engine.fast import gamma, matmul_sliced, two_prod, two_sum, up
@@ -56,43 +57,70 @@ def g(n: int) -> float:
     return float(gamma(max(n, 0), U))
 
 
-# ln 2 = _LN2_HI + _LN2_LO + t with |t| < 2**-85; _LN2_HI has 32 significant bits, so k * _LN2_HI is
-# exact for |k| < 2**21.
-_LN2_HI = 0.6931471803691238
-_LN2_LO = 1.9082149292705877e-10
-_LN2_TAIL = 2.0 ** -85
-_INV_FACT = [1.0 / math.factorial(n) for n in range(14)]
-# |r|**14 / 14! * exp(|r|) for |r| <= 0.35 + 2**-40: Taylor's remainder after degree 13.
-_TRUNC = 0.3466 ** 14 / math.factorial(14) * math.exp(0.3466)
+# y = (N m + j) ln2 / N + r with |r| <= ln2 / (2N): a table of 2**(j/N), correctly rounded, and a
+# short Taylor polynomial.  ln2 / N = _C_HI + _C_LO + t with |t| <= _C_TAIL; _C_HI has 36 significant
+# bits, so k * _C_HI is exact for |k| < 2**17 (|k| <= 746 N / ln 2 + 1 < 68900 here).
+_N = 64
+with mpmath.workprec(256):
+    _C = mpmath.log(2) / _N
+    _C_HI = float(mpmath.floor(_C * 2 ** 42)) / 2 ** 42  # 2**-42 units, below 2**-6: 36 bits
+    _C_LO = float(_C - _C_HI)
+    _C_TAIL = float(abs(_C - _C_HI - _C_LO)) * 2
+    _TABLE = np.array([float(mpmath.mpf(2) ** (mpmath.mpf(j) / _N)) for j in range(_N)])
+_DEGREE = 6
+_INV_FACT = [1.0 / math.factorial(n) for n in range(_DEGREE + 1)]
+# rint(y N / ln2) in float64 errs from the exact nearest integer by at most 2**-50 |y N / ln2|.
+_R_MAX = math.log(2) / (2 * _N) * (1 + 2.0 ** -40) + 746 * 2.0 ** -49
+_E_R = math.exp(_R_MAX) * (1 + 2.0 ** -40)  # >= e**|r|
+# |r|**7 / 7! * e**|r|: Taylor's remainder after degree 6, about 2**-65.
+_TRUNC = _R_MAX ** (_DEGREE + 1) / math.factorial(_DEGREE + 1) * _E_R
+
+
+_BLOCK = 1 << 15  # elements per block of exp_bounded: its ~40 temporaries stay in the cache
 
 
 def exp_bounded(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """exp(y) for float64 y <= 0 (or -inf), and a bound on its relative error; see :func:`_exp_block`."""
+    y = np.asarray(y, dtype=np.float64)
+    flat = y.reshape(-1)
+    w = np.empty_like(flat)
+    rel = np.empty_like(flat)
+    for a in range(0, flat.size, _BLOCK):
+        w[a:a + _BLOCK], rel[a:a + _BLOCK] = _exp_block(flat[a:a + _BLOCK])
+    return w.reshape(y.shape), rel.reshape(y.shape)
+
+
+def _exp_block(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """exp(y) for float64 y <= 0 (or -inf), and a bound on its relative error, not trusting libm.
 
-    y = k ln2 + r with |r| <= ln2/2 (Cody and Waite's two-part ln 2), then a
-    degree-13 Taylor polynomial by Horner's rule with Higham's running error
-    bound (Accuracy and Stability, Algorithm 5.1), then a scaling by 2**k.
-    The bound adds the reduction's error, the rounding of the coefficients 1/n!
-    and the Taylor remainder; a result below float64's normal range may also
-    be off by 2**-1074 in absolute value, which the callers' TINY covers.
+    y = k ln2/N + r with |r| <= ln2/(2N), N = 64 (Cody and Waite's two-part
+    ln2/N), then a degree-6 Taylor polynomial for e**r by Horner's rule with
+    Higham's running error bound (Accuracy and Stability, Algorithm 5.1),
+    times the table entry 2**(j/N) (j = k mod N, rounded to nearest: one
+    more u) with one more rounding, scaled by 2**floor(k/N).  The bound adds
+    the reduction's error, the rounding of the coefficients 1/n! and the
+    Taylor remainder; a result below float64's normal range may also be off
+    by 2**-1074 in absolute value, which the callers' TINY covers.
     """
     y = np.maximum(y, -746.0)
-    k = np.rint(y * (1 / math.log(2)))
-    r1 = y - k * _LN2_HI
-    t = k * _LN2_LO
+    k = np.rint(y * (_N / math.log(2)))
+    r1 = y - k * _C_HI
+    t = k * _C_LO
     r = r1 - t
     ar = np.abs(r)
-    err_r = U * (np.abs(r1) + np.abs(t) + ar) * (1 + 2 * U) + np.abs(k) * _LN2_TAIL
-    p = np.full_like(r, _INV_FACT[13])
+    err_r = U * (np.abs(r1) + np.abs(t) + ar) * (1 + 2 * U) + np.abs(k) * _C_TAIL
+    p = np.full_like(r, _INV_FACT[_DEGREE])
     mu = np.abs(p) * 0.5
-    for c in reversed(_INV_FACT[:13]):
+    for c in reversed(_INV_FACT[:_DEGREE]):
         p = p * r + c
         mu = ar * mu + np.abs(p)
-    e_abs = ar.copy()
-    np.exp(ar, out=e_abs)  # only sizes the bound's small terms; 2 e**|r| absorbs its error
-    absolute = U * (2 * mu - np.abs(p)) * 1.01 + U * 2 * e_abs + _TRUNC * 2 + 2 * e_abs * err_r * 1.01
-    rel = up(absolute / (p * (1 - 4 * U)))
-    return np.ldexp(p, k.astype(np.int64)), rel
+    absolute = U * (2 * mu - np.abs(p)) * 1.01 + U * 2 * _E_R + _TRUNC * 2 + 2 * _E_R * err_r * 1.01
+    rel_p = absolute / (p * (1 - 4 * U))
+    # (1 + rel_p)(1 + u)**2 - 1 for the table entry and the product, while rel_p + 2u < 2**-40.
+    rel = up((rel_p + 2 * U) * (1 + 2.0 ** -40))
+    rel = np.where(rel_p < 2.0 ** -41, rel, np.inf)
+    ki = k.astype(np.int64)
+    return np.ldexp(_TABLE[ki & (_N - 1)] * p, ki >> 6), rel
 
 
 def expm1_up(a: np.ndarray) -> np.ndarray:
@@ -100,6 +128,8 @@ def expm1_up(a: np.ndarray) -> np.ndarray:
     # For 0 <= a <= 1 the tail sum_{k>=2} a**k / k! is at most (e - 2) a**2 < a**2.
     with np.errstate(over="ignore", invalid="ignore"):
         small = up(a + a * a)
+        if np.ndim(a) and a.size and np.max(a) <= 1:  # the usual case: no expm1 over the whole array
+            return small
         large = up(np.expm1(np.minimum(a, 1e3)) * (1 + 2 * EXP_REL))
         return np.where(a <= 1, small, np.where(a < 700, large, np.inf))
 
@@ -166,6 +196,93 @@ def dot_rows(X: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray,
     return total, np.where(huge | ~np.isfinite(err), np.inf, err)
 
 
+def by_rows(fn, H: int, L: int, *arrays):
+    """fn applied to blocks of the rows of (H, L, ...) arrays (other arguments passed whole), so that
+    the temporaries of an elementwise computation stay in the cache; returns its outputs, (H, L, ...)."""
+    n = H * L
+    flat = [a.reshape((n,) + a.shape[2:]) if isinstance(a, np.ndarray) and a.shape[:2] == (H, L) else None
+            for a in arrays]
+    width = max([math.prod(f.shape[1:]) for f in flat if f is not None] + [1])
+    step = max(1, _BLOCK // max(width, 1))
+    outs = None
+    for a in range(0, max(n, 1), step):
+        sl = slice(a, a + step)
+        res = fn(*(x if f is None else f[sl] for x, f in zip(arrays, flat)))
+        if outs is None:
+            outs = [np.empty((n,) + r.shape[1:], dtype=r.dtype) for r in res]
+        for o, r in zip(outs, res):
+            o[sl] = r
+    return [o.reshape((H, L) + o.shape[1:]) for o in outs]
+
+
+def _ds_rows(dP_hi, dP_lo, dP_rad, D, e_D, P, e_P, unmasked):
+    """dP, e_dP, T = dP - D, e_T, dS = P T and e_dS of some rows (see FirstPass.backward)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        # T = dP - D in double-double, so the cancellation between them costs nothing.
+        t_hi, t_lo = two_sum(dP_hi, -D[..., None])
+        T = t_hi + (t_lo + dP_lo)
+        e_T = up(dP_rad + e_D[..., None] + U * np.abs(T) * 2 + U * np.abs(dP_lo) + TINY)
+        dS = np.where(unmasked, P * T, 0.0)
+        absT = np.abs(T) + e_T
+        e_dS = up(e_P * absT + P * e_T + U * np.abs(dS))
+        e_dS = np.where(unmasked, e_dS, 0.0)
+        dP = dP_hi + dP_lo
+        e_dP = up(dP_rad + U * np.abs(dP))
+    return dP, e_dP, T, e_T, dS, e_dS
+
+
+class _Rows:
+    """The softmax of the first pass, computed by blocks of rows so that its temporaries stay in the cache."""
+
+    def __init__(self, n: int, S: int) -> None:
+        self.n, self.S = n, S
+        self.Z, self.ez, self.w = (np.empty((n, S)) for _ in range(3))
+        self.P, self.P_up, self.e_P = (np.empty((n, S)) for _ in range(3))
+        self.M, self.pi, self.logit_rowmax, self.epsbar = (np.empty(n) for _ in range(4))
+        self.full = np.empty(n, dtype=bool)
+
+    def blocks(self) -> list[slice]:
+        step = max(1, _BLOCK // max(self.S, 1))
+        return [slice(a, a + step) for a in range(0, self.n, step)]
+
+    def logits(self, sl: slice, d_hi: np.ndarray, d_lo: np.ndarray, d_rad: np.ndarray, unmasked: np.ndarray,
+               additive: np.ndarray | None, s: float, ds: float) -> None:
+        """The logits Z with their bounds ez, the row maxima M and the unnormalised weights w of rows ``sl``."""
+        S = self.S
+        d = d_hi + d_lo
+        sD = s * d
+        Z = sD if additive is None else sD + additive
+        # |Z - x| for the exact logit x = s (q . k) + m.
+        ez = U * (np.abs(d) + np.abs(sD)) * abs(s) + abs(s) * d_rad + ds * (np.abs(d) + d_rad) + U * np.abs(sD)
+        if additive is not None:
+            ez = ez + U * np.abs(Z)
+        ez = up(ez * (1 + 4 * U) + TINY)
+        Z = np.where(unmasked, Z, -np.inf)
+        ez = np.where(unmasked, ez, 0.0)
+        M = np.max(Z, axis=-1) if S else np.full(Z.shape[:-1], -np.inf)
+        full = M == -np.inf  # fully masked rows: output and gradients exactly 0
+        M = np.where(full, 0.0, M)
+        Y = Z - M[..., None]
+        ey = up(ez + U * np.where(unmasked, np.abs(Y), 0.0))
+        w, rel = _exp_block(np.where(unmasked, Y, -np.inf))
+        # The exp's own relative error compounds with that of its argument.
+        eps = np.where(unmasked, up(expm1_up(ey) * (1 + rel) + rel), 0.0)
+        self.Z[sl], self.ez[sl], self.M[sl], self.full[sl] = Z, ez, M, full
+        self.w[sl] = np.where(unmasked, w, 0.0)
+        self.epsbar[sl] = np.max(eps, axis=-1) if S else 0.0
+        self.logit_rowmax[sl] = np.max(np.where(unmasked, np.abs(Z) + ez, 0.0), axis=-1) if S else 0.0
+
+    def weights(self, sl: slice, unmasked: np.ndarray, W: np.ndarray, W_err: np.ndarray) -> None:
+        """P = w / W of rows ``sl`` with |P~ - P| <= pi P + TINY, an upper bound P_up and e_P >= |P~ - P|."""
+        P = self.w[sl] / np.where(self.full[sl], 1.0, W)[..., None]
+        epsbar = self.epsbar[sl]
+        pi = ratio_error(epsbar, U, W_err)
+        pi = np.where((epsbar < 0.5) & np.isfinite(pi), pi, np.inf)
+        P_up = np.where(unmasked, up((P + TINY) / (1 - pi[..., None])), 0.0)
+        self.P[sl], self.pi[sl], self.P_up[sl] = P, pi, P_up
+        self.e_P[sl] = np.where(unmasked, up(P_up * pi[..., None] + TINY), 0.0)  # |P~ - P|
+
+
 class FirstPass:
     """The float64 enclosures of one attention problem, forward first, the backward on demand.
 
@@ -192,36 +309,18 @@ class FirstPass:
             self.logit_parts = (d_hi, d_lo, d_rad)  # the second pass starts from them
             # A bounds sum_c |q_ic k_jc|, the size every logit error of a kernel scales with.
             self.A = matmul_up(np.abs(self.Qh), np.abs(Kt))
-            d = d_hi + d_lo
-            sD = s * d
-            Z = sD if pb.additive is None else sD + pb.additive
-            # |Z - x| for the exact logit x = s (q . k) + m.
-            ez = U * (np.abs(d) + np.abs(sD)) * abs(s) + abs(s) * d_rad + ds * (np.abs(d) + d_rad) + U * np.abs(sD)
-            if pb.additive is not None:
-                ez = ez + U * np.abs(Z)
-            ez = up(ez * (1 + 4 * U) + TINY)
-            Z = np.where(unmasked, Z, -np.inf)
-            ez = np.where(unmasked, ez, 0.0)
-            M = np.max(Z, axis=-1) if S else np.full((H, L), -np.inf)
-            self.full = M == -np.inf  # fully masked rows: output and gradients exactly 0
-            self.M = np.where(self.full, 0.0, M)
-            Y = Z - self.M[..., None]
-            ey = up(ez + U * np.where(unmasked, np.abs(Y), 0.0))
-            w, rel = exp_bounded(np.where(unmasked, Y, -np.inf))
-            w = np.where(unmasked, w, 0.0)
-            # The exp's own relative error compounds with that of its argument.
-            eps = np.where(unmasked, up(expm1_up(ey) * (1 + rel) + rel), 0.0)
-            epsbar = np.max(eps, axis=-1) if S else np.zeros((H, L))
-            W, W_err = _sum_rows(w)
-            self.P = w / np.where(self.full, 1.0, W)[..., None]
-            # |P~ - P| <= pi P + TINY for every unmasked weight of the row.
-            pi = ratio_error(epsbar, U, W_err)
-            self.pi = np.where((epsbar < 0.5) & np.isfinite(pi), pi, np.inf)
-            self.Z, self.ez = Z, ez
-            self.logit_rowmax = np.max(np.where(unmasked, np.abs(Z) + ez, 0.0), axis=-1) if S else np.zeros((H, L))
-            self.P_up = up((self.P + TINY) / (1 - self.pi[..., None]))
-            self.P_up = np.where(unmasked, self.P_up, 0.0)
-            self.e_P = np.where(unmasked, up(self.P_up * self.pi[..., None] + TINY), 0.0)  # |P~ - P|
+            rows = _Rows(H * L, S)
+            flat = [a.reshape(H * L, S) for a in (d_hi, d_lo, d_rad, unmasked)]
+            add = None if pb.additive is None else pb.additive.reshape(H * L, S)
+            for sl in rows.blocks():
+                rows.logits(sl, *(a[sl] for a in flat), None if add is None else add[sl], s, ds)
+            W, W_err = _sum_rows(rows.w)
+            for sl in rows.blocks():
+                rows.weights(sl, flat[3][sl], W[sl], W_err[sl])
+            for name in ("Z", "ez", "P", "P_up", "e_P"):
+                setattr(self, name, getattr(rows, name).reshape(H, L, S))
+            for name in ("full", "M", "pi", "logit_rowmax"):
+                setattr(self, name, getattr(rows, name).reshape(H, L))
 
             # Forward: out = P V.
             self.absV = np.abs(self.Vh)
@@ -246,16 +345,8 @@ class FirstPass:
             self.B = matmul_up(self.absG, np.swapaxes(self.absV, -1, -2))
             D, D_err = dot_rows(G, self.O_hi, self.O_lo) if Ev else (np.zeros(G.shape[:-1]),) * 2
             e_D = up(D_err + np.einsum("hlc,hlc->hl", self.absG, self.rad_O) * (1 + g(Ev + 1)) + TINY)
-            # T = dP - D in double-double, so the cancellation between them costs nothing.
-            t_hi, t_lo = two_sum(dP_hi, -D[..., None])
-            T = t_hi + (t_lo + dP_lo)
-            e_T = up(dP_rad + e_D[..., None] + U * np.abs(T) * 2 + U * np.abs(dP_lo) + TINY)
-            dS = np.where(unmasked, self.P * T, 0.0)
-            absT = np.abs(T) + e_T
-            e_dS = up(self.e_P * absT + self.P * e_T + U * np.abs(dS))
-            e_dS = np.where(unmasked, e_dS, 0.0)
-        self.dP = dP_hi + dP_lo
-        self.e_dP = up(dP_rad + U * np.abs(self.dP))
+            parts = by_rows(_ds_rows, pb.H, pb.L, dP_hi, dP_lo, dP_rad, D, e_D, self.P, self.e_P, unmasked)
+        self.dP, self.e_dP, T, e_T, dS, e_dS = parts
         self.D, self.e_D, self.T, self.e_T = D, e_D, T, e_T
         self.dS, self.e_dS = dS, e_dS
         self.G = G

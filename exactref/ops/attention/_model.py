@@ -34,7 +34,15 @@ import numpy as np
 from ...engine.fast import gamma, up
 from ...formats import FLOAT32, Format
 from ._caps import backward_cap, forward_cap
-from ._first import FirstPass, _cat_cols, _cat_rows_t, expm1_up, matmul_up
+from ._first import (
+    _BLOCK,
+    FirstPass,
+    _cat_cols,
+    _cat_rows_t,
+    by_rows,
+    expm1_up,
+    matmul_up,
+)
 
 __all__ = ["AttentionTolerance", "backward_tolerance", "forward_tolerance"]
 
@@ -118,28 +126,28 @@ class _Weights:
         nb = _blocks(S, model.kv_block)
         s = pb.scale.magnitude
         sigma = math.sqrt(s)
-        with np.errstate(over="ignore", invalid="ignore"):
-            absZ = np.where(fp.unmasked, np.abs(fp.Z), 0.0)
-            ezmax = np.max(fp.ez, axis=-1, keepdims=True) if S else np.zeros(fp.ez.shape[:-1] + (1,))
-            x_up = absZ + fp.ez
-            M_up = np.abs(fp.M)[..., None] + ezmax
-            shift = np.abs(np.where(fp.unmasked, fp.Z - fp.M[..., None], 0.0)) + fp.ez + ezmax
-            m_abs = 0.0 if pb.additive is None else np.abs(pb.additive)
-            l1q = np.sum(np.abs(fp.Qh), axis=-1)[..., :, None]
-            l1k = np.sum(np.abs(fp.Kh), axis=-1)[..., None, :]
-            delta = (_g(E + 4, u) * s * fp.A + 2 * u * (x_up + m_abs)
-                     + 2 * u * (M_up + shift + 2 * math.log(max(S, 1)) + 1)
-                     + self.eta * (2 * sigma * (1 + u) * (l1q + l1k) + 4 * E) * (1 + s))
-            delta = up(np.where(fp.unmasked, delta, 0.0))
-            h = np.sum(fp.P_up * expm1_up(delta), axis=-1)
-            r = (nb - 1) * (2 * (k + 2) * u + 4 * u * fp.logit_rowmax) if nb > 1 else np.zeros_like(h)
-            F = (1 + k * u) / (1 - k * u) / ((1 - _g(S + nb, u)) * (1 - u) ** 2)
-            rho = up((1 + expm1_up(delta + r[..., None])) * (F * (1 + 2 ** -50)) / (1 - h[..., None]) - 1)
-            rho = np.where((h < 0.5)[..., None] & np.isfinite(rho), rho, np.inf)
-        self.rho = np.where(fp.unmasked, rho, 0.0)
+        H, L = fp.unmasked.shape[:2]
+        n = H * L
+        self.delta, self.rho = np.empty((n, S)), np.empty((n, S))
+        self.r = np.zeros(n)
+        l1q = np.sum(np.abs(fp.Qh), axis=-1).reshape(n)
+        l1k = np.sum(np.abs(fp.Kh), axis=-1)  # (H, S)
+        heads = np.repeat(np.arange(H), L)
+        flat = {name: getattr(fp, name).reshape(n, S) for name in ("unmasked", "Z", "ez", "A", "P_up")}
+        add = None if pb.additive is None else pb.additive.reshape(n, S)
+        coefs = (_g(E + 4, u) * s, k, nb, _g(S + nb, u), sigma, s, E)
+        step = max(1, _BLOCK // max(S, 1))
+        for a in range(0, n, step):
+            sl = slice(a, a + step)
+            self._block(sl, {name: x[sl] for name, x in flat.items()}, None if add is None else add[sl],
+                        fp.M.reshape(n)[sl], fp.logit_rowmax.reshape(n)[sl], l1q[sl], l1k[heads[sl]], coefs)
+        self.delta, self.rho = self.delta.reshape(H, L, S), self.rho.reshape(H, L, S)
+        self.r = self.r.reshape(H, L)
+        F = (1 + k * u) / (1 - k * u) / ((1 - _g(S + nb, u)) * (1 - u) ** 2)
         self.nb = nb
         # Kept for the caps (_caps.py), which need the logit errors and the exp's budget themselves.
-        self.delta, self.r, self.F = delta, r, F * (1 + 2 ** -50)
+        self.F = F * (1 + 2 ** -50)
+        m_abs = 0.0 if pb.additive is None else np.abs(pb.additive)
         # Where a logit, q sqrt(s) or k sqrt(s) may overflow acc, NaN and inf are acceptable.
         big = acc.max_finite / 2
         with np.errstate(over="ignore", invalid="ignore"):
@@ -149,6 +157,33 @@ class _Weights:
             qbig = sigma * np.max(np.abs(fp.Qh), axis=-1, initial=0.0) >= big
             kbig = np.any(sigma * np.max(np.abs(fp.Kh), axis=-1, initial=0.0) >= big, axis=-1)
         self.row_overflow = row | qbig | kbig[:, None]
+
+
+    def _block(self, sl: slice, f: dict[str, np.ndarray], m: np.ndarray | None, M: np.ndarray,
+               rowmax: np.ndarray, l1q: np.ndarray, l1k: np.ndarray, coefs: tuple) -> None:
+        """delta, r and rho of the rows ``sl`` (flattened heads and rows); ``f`` holds the first pass's rows."""
+        u, eta = self.u, self.eta
+        g_logit, k, nb, g_sum, sigma, s, E = coefs
+        S = f["Z"].shape[-1]
+        unmasked = f["unmasked"]
+        with np.errstate(over="ignore", invalid="ignore"):
+            absZ = np.where(unmasked, np.abs(f["Z"]), 0.0)
+            ezmax = np.max(f["ez"], axis=-1, keepdims=True) if S else np.zeros(f["ez"].shape[:-1] + (1,))
+            x_up = absZ + f["ez"]
+            M_up = np.abs(M)[..., None] + ezmax
+            shift = np.abs(np.where(unmasked, f["Z"] - M[..., None], 0.0)) + f["ez"] + ezmax
+            m_abs = 0.0 if m is None else np.abs(m)
+            delta = (g_logit * f["A"] + 2 * u * (x_up + m_abs)
+                     + 2 * u * (M_up + shift + 2 * math.log(max(S, 1)) + 1)
+                     + eta * (2 * sigma * (1 + u) * (l1q[:, None] + l1k) + 4 * E) * (1 + s))
+            delta = up(np.where(unmasked, delta, 0.0))
+            h = np.sum(f["P_up"] * expm1_up(delta), axis=-1)
+            r = (nb - 1) * (2 * (k + 2) * u + 4 * u * rowmax) if nb > 1 else np.zeros_like(h)
+            F = (1 + k * u) / (1 - k * u) / ((1 - g_sum) * (1 - u) ** 2)
+            rho = up((1 + expm1_up(delta + r[..., None])) * (F * (1 + 2 ** -50)) / (1 - h[..., None]) - 1)
+            rho = np.where((h < 0.5)[..., None] & np.isfinite(rho), rho, np.inf)
+        self.delta[sl], self.r[sl] = delta, r
+        self.rho[sl] = np.where(unmasked, rho, 0.0)
 
 
 def _weights(fp: FirstPass, model: AttentionTolerance, fmt: Format) -> _Weights:
@@ -184,6 +219,28 @@ def forward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format
     return E, overflow, wts
 
 
+def _dS_bound_rows(B, dP, e_dP, P_up, rho, unmasked, T, e_T, dS, e_dS, e_Db, consts):
+    """e_S (the bound on a kernel's dS error) and |dS| + e_dS of some rows (see _backward_shared)."""
+    u, eta, g_dP, dP_eta, gS, S_eta, u_o, eta_o, ds_rounded = consts
+    with np.errstate(over="ignore", invalid="ignore"):
+        e_dPm = g_dP * B + dP_eta
+        dP_up = np.abs(dP) + e_dP
+        e_Da = (np.sum(P_up * (rho * dP_up + (1 + rho) * e_dPm), axis=-1)
+                + gS * np.sum(P_up * (1 + rho) * (dP_up + e_dPm), axis=-1) + S_eta
+                # A weight that underflows is off by up to eta absolutely, whatever dP is.
+                + eta * (1 + gS) * np.sum(np.where(unmasked, dP_up + e_dPm, 0.0), axis=-1))
+        e_D = up(np.maximum(e_Da, e_Db) * _SLACK)[..., None]
+        t_up = np.abs(T) + e_T
+        grow = (1 + rho) * (1 + u) ** 2
+        # The weight's own underflow (up to eta) meets dP - D, which may be huge.
+        e_S = P_up * ((grow - 1) * t_up + grow * (e_dPm + e_D)) + eta * (1 + grow * (t_up + e_dPm + e_D))
+        dS_up = np.abs(dS) + e_dS
+        if ds_rounded:
+            e_S = e_S + u_o * (dS_up + e_S) + eta_o
+        e_S = up(np.where(unmasked, e_S, 0.0))
+    return e_S, dS_up
+
+
 def _backward_shared(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray
                      ) -> tuple[_Weights, np.ndarray, np.ndarray, np.ndarray]:
     """The weights' bounds, the bound e_S on the kernel's dS error, |dS| + e_dS and the heads that may
@@ -200,26 +257,14 @@ def _backward_shared(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fw
     rho = wts.rho
     big = wts.acc.max_finite / 2
     with np.errstate(over="ignore", invalid="ignore"):
-        e_dPm = _g(Ev + 1, u) * fp.B + 2 * Ev * eta
-        dP_up = np.abs(fp.dP) + fp.e_dP
-        gS = _g(S + wts.nb + 1, u)
-        e_Da = (np.sum(fp.P_up * (rho * dP_up + (1 + rho) * e_dPm), axis=-1)
-                + gS * np.sum(fp.P_up * (1 + rho) * (dP_up + e_dPm), axis=-1) + S * eta
-                # A weight that underflows is off by up to eta absolutely, whatever dP is.
-                + eta * (1 + gS) * np.sum(np.where(fp.unmasked, dP_up + e_dPm, 0.0), axis=-1))
         o_up = np.abs(fp.O) + fp.rad_O
         o_err = E_fwd * (1 + u_o) + u_o * o_up + eta_o
         e_Db = (np.einsum("hlc,hlc->hl", fp.absG, o_err)
                 + _g(Ev + 1, u) * np.einsum("hlc,hlc->hl", fp.absG, o_up + o_err) + Ev * eta)
-        e_D = up(np.maximum(e_Da, e_Db) * _SLACK)[..., None]
-        t_up = np.abs(fp.T) + fp.e_T
-        grow = (1 + rho) * (1 + u) ** 2
-        # The weight's own underflow (up to eta) meets dP - D, which may be huge.
-        e_S = fp.P_up * ((grow - 1) * t_up + grow * (e_dPm + e_D)) + eta * (1 + grow * (t_up + e_dPm + e_D))
-        dS_up = np.abs(fp.dS) + fp.e_dS
-        if model.ds_in_input_format and half:
-            e_S = e_S + u_o * (dS_up + e_S) + eta_o
-        e_S = up(np.where(fp.unmasked, e_S, 0.0))
+        consts = (u, eta, _g(Ev + 1, u), 2 * Ev * eta, _g(S + wts.nb + 1, u), S * eta, u_o, eta_o,
+                  bool(model.ds_in_input_format and half))
+        e_S, dS_up = by_rows(_dS_bound_rows, pb.H, pb.L, fp.B, fp.dP, fp.e_dP, fp.P_up, rho, fp.unmasked,
+                             fp.T, fp.e_T, fp.dS, fp.e_dS, e_Db, consts)
         head_big = wts.row_overflow.any(axis=-1) | np.any(fp.B >= big, axis=(-1, -2))
     shared = (wts, e_S, dS_up, head_big)
     fp.bwd_cache[model] = (E_fwd, shared)

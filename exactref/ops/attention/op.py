@@ -32,13 +32,14 @@ from typing import Any
 
 import numpy as np
 
+from ..._threads import own_threads
 from ...errors import OutOfToleranceError, SpecialValueError
 from ...formats import Format
 from ...result import Gradients, Result, judge
 from ...rounding import decide, next_down, next_up
 from .._common import Op, read_grad
 from . import _second as second
-from ._certified import Refiner
+from ._certified import DEFAULT_BUDGET, Refiner
 from ._first import FirstPass
 from ._model import AttentionTolerance, backward_tolerance, forward_tolerance
 from ._problem import Problem, ieee_math_path, read_problem
@@ -48,6 +49,9 @@ __all__ = ["AttentionAlgorithm", "AttentionTolerance", "scaled_dot_product_atten
 OP = "scaled_dot_product_attention"
 _CPU_KV_SPLIT = 512  # kv_split_size of PyTorch's CPU flash kernel
 _CPU_Q_SPLIT = 32  # its smallest q_split_size
+# The longdouble second pass runs for outputs of at most this precision: of a float64 output's
+# undecided elements it decides about one in five, at more than Arb would spend on them.
+_SECOND_PASS_MAX_P = 24
 
 
 class AttentionAlgorithm(enum.Enum):
@@ -121,11 +125,22 @@ def _check_algorithm(algorithm: Any) -> AttentionAlgorithm:
                     f"{', '.join('er.AttentionAlgorithm.' + m for m in AttentionAlgorithm.__members__)}")
 
 
+def _check_budget(budget: Any) -> float:
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{OP}: refine_budget={budget!r} must be a number of work units (one unit: about one "
+                        f"64-bit Arb exp); the default is {DEFAULT_BUDGET:.0f}")
+    if not budget >= 0:
+        raise ValueError(f"{OP}: refine_budget={budget!r} must be a nonnegative number of work units "
+                         f"(one unit: about one 64-bit Arb exp); the default is {DEFAULT_BUDGET:.0f}")
+    return float(budget)
+
+
 class _State:
     """One attention call: the problem, its first pass and its refiner, shared by forward and backward."""
 
-    def __init__(self, pb: Problem) -> None:
+    def __init__(self, pb: Problem, budget: float) -> None:
         self.pb = pb
+        self.budget = budget
         self.special_out = None
         if pb.any_nonfinite:
             ieee = ieee_math_path(pb, None)
@@ -164,8 +179,9 @@ def _decide(passes: tuple[second.SecondPass, Refiner], which: str,
         zero = passes[1].structural_zeros(which, pending)
         rounded[pending[zero]], x_lo[pending[zero]], x_hi[pending[zero]] = 0.0, 0.0, 0.0
         pending = pending[~zero]
-    if pending.size and second.available():
-        # The second pass recomputes the undecided elements in 64-bit extended precision.
+    if pending.size and second.available() and fmt.p <= _SECOND_PASS_MAX_P:
+        # The second pass recomputes the undecided elements in 64-bit extended precision; for a
+        # float64 result it decides too few of them to pay.
         hi2, lo2, rad2 = passes[0].enclose(which, pending)
         with np.errstate(invalid="ignore", over="ignore"):
             r2, ok2 = decide(hi2, lo2, rad2, fmt)
@@ -174,7 +190,7 @@ def _decide(passes: tuple[second.SecondPass, Refiner], which: str,
         done = pending[ok2]
         rounded[done], x_lo[done], x_hi[done] = r2[ok2], lo_b[ok2], hi_b[ok2]
         pending = pending[~ok2]
-    for f, (r, lo, hi) in passes[1].refine(which, pending, fmt).items():
+    for f, (r, lo, hi) in passes[1].refine(which, pending, fmt, presorted=True).items():
         rounded[f], x_lo[f], x_hi[f] = r, lo, hi
     return rounded, x_lo, x_hi
 
@@ -195,7 +211,9 @@ class _MathResult(Result):
         try:
             super().check(x, worst=worst)
         except (OutOfToleranceError, SpecialValueError) as exc:
-            if not self._flash().covers(x).all():
+            with own_threads():  # computing the FLASH_ATTENTION forward is an op's work
+                flash = self._flash()
+            if not flash.covers(x).all():
                 raise
             raise type(exc)(f"{exc}\n{_FLASH_HINT}", op=exc.op, indices=exc.indices, **exc.details) from None
 
@@ -229,7 +247,7 @@ def _forward(st: _State, algorithm: AttentionAlgorithm) -> Result:
     def backward(grad: Any) -> Gradients:
         return _backward(st, grad, algorithm)
 
-    passes = (second.SecondPass(st.pb, fp, None), Refiner(st.pb, fp, OP, None))
+    passes = (second.SecondPass(st.pb, fp, None), Refiner(st.pb, fp, OP, None, st.budget, second.available()))
     flash = None
     if algorithm is AttentionAlgorithm.MATH and st.pb.fmt.name in ("float16", "bfloat16"):
         def flash() -> Result:
@@ -248,7 +266,7 @@ def _backward(st: _State, grad: Any, algorithm: AttentionAlgorithm) -> Gradients
     G = np.where(np.isfinite(G_raw), G_raw, 0.0)
     fp.backward(G)
     # Each backward gets its own passes: what they cache depends on the output gradient.
-    passes = (second.SecondPass(pb, fp, G), Refiner(pb, fp, OP, G))
+    passes = (second.SecondPass(pb, fp, G), Refiner(pb, fp, OP, G, st.budget, second.available()))
     E_fwd, _ = st.forward_E(algorithm.tolerance)
     results = {}
     for which in ("query", "key", "value"):
@@ -264,7 +282,8 @@ def _backward(st: _State, grad: Any, algorithm: AttentionAlgorithm) -> Gradients
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False, *, causal_alignment: str = "top_left",
-                                 algorithm: AttentionAlgorithm = AttentionAlgorithm.MATH) -> Result:
+                                 algorithm: AttentionAlgorithm = AttentionAlgorithm.MATH,
+                                 refine_budget: float = DEFAULT_BUDGET) -> Result:
     """The exact ``softmax(scale * query @ key^T + mask) @ value``, rounded once, as PyTorch's math path defines it.
 
     ``query`` is (..., L, E), ``key`` (..., S, E) and ``value`` (..., S, Ev),
@@ -272,7 +291,10 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     float format (added), broadcastable to (..., L, S).  ``causal_alignment``
     ("top_left" or "bottom_right") places the causal mask when
     ``is_causal=True``.  ``algorithm`` names the class of kernels the
-    tolerance holds for.
+    tolerance holds for.  ``refine_budget`` bounds the certified work spent
+    on each output (forward, and each gradient of a backward), in units of
+    one 64-bit Arb exp (a microsecond or two); an element still undecided
+    when its next refinement would pass it raises ReferenceBudgetError.
 
     >>> import exactref as er
     >>> q = [[1.0, 0.0]]
@@ -280,18 +302,21 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     [[2.0]]
     """
     algorithm = _check_algorithm(algorithm)
+    budget = _check_budget(refine_budget)
     pb = read_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment)
-    return _forward(_State(pb), algorithm)
+    return _forward(_State(pb, budget), algorithm)
 
 
 def _standalone_backward(query: Any, key: Any, value: Any, grad: Any, attn_mask: Any = None,
                          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                          enable_gqa: bool = False, *, causal_alignment: str = "top_left",
-                         algorithm: AttentionAlgorithm = AttentionAlgorithm.MATH) -> Gradients:
+                         algorithm: AttentionAlgorithm = AttentionAlgorithm.MATH,
+                         refine_budget: float = DEFAULT_BUDGET) -> Gradients:
     """grad_query, grad_key and grad_value of scaled_dot_product_attention for the output gradient ``grad``."""
     algorithm = _check_algorithm(algorithm)
+    budget = _check_budget(refine_budget)
     pb = read_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment)
-    return _backward(_State(pb), grad, algorithm)
+    return _backward(_State(pb, budget), grad, algorithm)
 
 
 scaled_dot_product_attention = Op(OP, scaled_dot_product_attention, _standalone_backward)
