@@ -356,9 +356,14 @@ def _search(selected: list[Any], cfg: Any, seed: int, progress: Progress, ctrl_c
         for cell in selected:
             progress.cell(cell.name)
             began = (progress.examples, time.perf_counter())
-            runs.append(run_cell(cell, base=audit_settings(), examples=cfg.examples, device=cfg.device,
-                                 seed_value=seed, shrink_seconds=SHRINK_SECONDS, on_example=ctrl_c.example,
-                                 timeout=cfg.timeout))
+            run = run_cell(cell, base=audit_settings(), examples=cfg.examples, device=cfg.device,
+                           seed_value=seed, shrink_seconds=SHRINK_SECONDS, on_example=ctrl_c.example,
+                           timeout=cfg.timeout)
+            if ctrl_c.pressed:
+                # Ctrl-C landed where Hypothesis turned it into something else (seen under load as an
+                # AssertionError of its engine): the cell was interrupted all the same, not failed.
+                raise KeyboardInterrupt
+            runs.append(run)
             progress.finish_cell()
     except KeyboardInterrupt:
         # What finished is kept: a long audit stopped late must not lose its results.  Ctrl-C may land

@@ -13,7 +13,7 @@ import pytest
 
 SAMPLE = Path(__file__).resolve().parent / "sample_repo"
 # The sample repository holds tests of its own; they run inside it, not here.
-collect_ignore = ["sample_repo"]
+collect_ignore = ["sample_repo", "triton_repo"]
 
 
 class Repo:
