@@ -24,13 +24,13 @@ Run: python benchmarks/bench_matmul.py [--only float64] [--repeat N] [--sizes 51
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
-import tracemalloc
-from collections.abc import Callable
 
 import numpy as np
 import torch
+
+# Run as a script, so benchmarks/ is on sys.path.
+from _measure import median_times, peak_bytes
 
 import exactref as er
 
@@ -41,33 +41,6 @@ TARGETS = {  # (dtype, n): ratio target
 }
 MEMORY_TARGET = 4.0  # peak / (inputs + output), float64 at 2048^3
 SMALL_TARGET = 2000
-
-
-def median_times(fns: list[Callable[[], object]], repeat: int) -> list[float]:
-    """Median time of each function, runs interleaved so that load on the machine hits all alike."""
-    for fn in fns:
-        fn()  # warm up
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, ts in zip(fns, times):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) for ts in times]
-
-
-def peak_bytes(fn: Callable[[], object]) -> int:
-    """The most bytes traced at once while ``fn`` runs (its result included), above what was traced before."""
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        kept = fn()
-        peak = tracemalloc.get_traced_memory()[1]
-        del kept
-    finally:
-        tracemalloc.stop()
-    return peak - before
 
 
 def inputs(dtype: str, n: int) -> tuple[np.ndarray, np.ndarray]:

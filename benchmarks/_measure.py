@@ -1,0 +1,37 @@
+"""What the benchmarks share: interleaved median times, and peak traced memory of one call."""
+
+from __future__ import annotations
+
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+
+__all__ = ["median_times", "peak_bytes"]
+
+
+def median_times(fns: list[Callable[[], object]], repeat: int) -> list[float]:
+    """Median time of each function, runs interleaved so that load on the machine hits all alike."""
+    for fn in fns:
+        fn()  # warm up
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times]
+
+
+def peak_bytes(fn: Callable[[], object]) -> int:
+    """The most bytes traced at once while ``fn`` runs (its result included), above what was traced before."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        kept = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+        del kept
+    finally:
+        tracemalloc.stop()
+    return peak - before
