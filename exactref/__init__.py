@@ -20,6 +20,7 @@ from .ops import (  # noqa: A004
     matrix_exp_frechet,
     multiply,
     scaled_dot_product_attention,
+    scaled_matmul,
     sum,
 )
 from .ops.attention import AttentionAlgorithm
@@ -51,5 +52,6 @@ __all__ = [
     "models",
     "multiply",
     "scaled_dot_product_attention",
+    "scaled_matmul",
     "sum",
 ]

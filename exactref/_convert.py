@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .formats import (
+    FLOAT8_FORMATS,
     FLOAT32,
     FORMATS,
     ComplexFormat,
@@ -27,7 +28,7 @@ from .formats import (
 )
 from .rounding import round_float64, to_dtype
 
-__all__ = ["PROMOTIONS", "Operand", "asarray", "available_memory", "check_readable", "operand", "promote", "values_of"]
+__all__ = ["PROMOTIONS", "SATURATIONS", "Operand", "asarray", "available_memory", "check_readable", "operand", "promote", "values_of"]
 
 _MEMORY: list[int] = []
 
@@ -98,10 +99,13 @@ def _torch_to_numpy(t: Any) -> np.ndarray:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.resolve_conj().resolve_neg()
-    if t.dtype == torch.bfloat16:
+    name = str(t.dtype).removeprefix("torch.")
+    if name == "bfloat16" or name in FLOAT8_FORMATS:
+        # numpy has no such dtype: reinterpret the bits as ml_dtypes' twin.
         import ml_dtypes
 
-        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+        bits = torch.int16 if name == "bfloat16" else torch.uint8
+        return t.contiguous().view(bits).numpy().view(getattr(ml_dtypes, name)).copy()
     try:
         return t.numpy().copy()
     except TypeError as exc:
@@ -131,7 +135,29 @@ def _plain(obj: Any) -> np.ndarray:
     return np.asarray(obj)
 
 
-def asarray(obj: Any, dtype: Any = None) -> np.ndarray:
+#: The overflow conventions of a rounding into a format, by NVIDIA's names for them.
+SATURATIONS = ("satfinite", "nosat")
+
+
+def check_saturation(saturation: Any, argument: str = "saturation") -> bool | None:
+    """None (the format's own convention, torch's), or whether to saturate."""
+    if saturation is None:
+        return None
+    if saturation not in SATURATIONS:
+        raise ValueError(f"{argument}={saturation!r} must be None (torch's convention for the format: float8_e4m3fn "
+                         "saturates, the others overflow to inf or NaN), 'satfinite' (overflow gives the largest "
+                         "finite value) or 'nosat' (overflow gives inf, or NaN where the format has no inf)")
+    return saturation == "satfinite"
+
+
+def with_saturation(fmt: Format | ComplexFormat, saturation: Any, argument: str = "saturation") -> Format | ComplexFormat:
+    saturates = check_saturation(saturation, argument)
+    if saturates is None or fmt.is_complex:
+        return fmt
+    return fmt.with_saturation(saturates)
+
+
+def asarray(obj: Any, dtype: Any = None, *, saturation: str | None = None) -> np.ndarray:
     """A numpy array of ``obj`` in a supported format.
 
     ``obj`` is a nested list, a scalar, a numpy array, a torch tensor on any
@@ -140,12 +166,19 @@ def asarray(obj: Any, dtype: Any = None) -> np.ndarray:
     is given the values are rounded to it once, correctly (to nearest, ties
     to even).  Without it, arrays keep their dtype, and Python numbers follow
     ``torch.tensor``: floats become float32 and complex numbers complex64.
+    ``saturation`` chooses what a value beyond the format's range becomes:
+    None follows torch's cast (float8_e4m3fn saturates to +-448, infinities
+    included; every other format overflows to inf, or to NaN without one),
+    ``"satfinite"`` gives the largest finite value of the sign, ``"nosat"``
+    gives inf or NaN (ml_dtypes' convention).
 
     >>> import exactref as er
     >>> er.asarray([[1.0, 2.5]], "bfloat16").dtype.name
     'bfloat16'
     """
-    fmt = None if dtype is None else format_of(dtype)
+    fmt = None if dtype is None else with_saturation(format_of(dtype), saturation)
+    if dtype is None and saturation is not None:
+        raise ValueError(f"saturation={saturation!r} needs a dtype to round to, such as dtype='float8_e4m3fn'")
     check_readable(obj, "obj")
     try:
         arr = _plain(obj)
@@ -206,6 +239,10 @@ def convert(arr: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
         out = np.empty(wide.shape, dtype=np.complex128)
         out.real, out.imag = round_float64(wide.real, part), round_float64(wide.imag, part)
     else:
+        if not part.signed and (wide <= 0).any():
+            bad = wide[wide <= 0].ravel()[0]
+            raise ValueError(f"{fmt.name} holds positive powers of two only, and obj has the value {bad!r}; "
+                             "an MX block scale is 2**e, e from -127 to 127")
         out = round_float64(wide, part)
     return to_dtype(out, fmt)
 
@@ -245,8 +282,11 @@ def _too_large(obj: numbers.Integral, name: str) -> None:
     raise ValueError(f"{name}={short} is an integer too large to be a float64 exactly")
 
 
-def operand(obj: Any, name: str) -> Operand:
-    """Read argument ``name``: a Python number becomes a scalar operand, anything else an array."""
+def operand(obj: Any, name: str, *, float8: bool = False) -> Operand:
+    """Read argument ``name``: a Python number becomes a scalar operand, anything else an array.
+
+    float8 arrays are refused unless ``float8``: PyTorch computes no op on them but matmul and _scaled_mm.
+    """
     if isinstance(obj, bool):
         raise TypeError(f"{name}={obj!r} is a bool; pass a float")
     if isinstance(obj, numbers.Number) and not isinstance(obj, np.generic):
@@ -263,7 +303,11 @@ def operand(obj: Any, name: str) -> Operand:
                         f"first with er.asarray({name}, 'float32') (or another float format)") from None
     except TypeError as exc:
         raise TypeError(f"{name}: {exc}") from None
-    return Operand(name, arr, format_of(arr.dtype), 2 if arr.ndim else 1)
+    fmt = format_of(arr.dtype)
+    if fmt.name in FLOAT8_FORMATS and not float8:
+        raise TypeError(f"{name} has dtype {fmt.name}, which only er.matmul and er.scaled_matmul take (PyTorch has "
+                        f"no other float8 op); convert it first with er.asarray({name}, 'bfloat16'), exactly")
+    return Operand(name, arr, fmt, 2 if arr.ndim else 1)
 
 
 def _promote_pair(a: Format | ComplexFormat, b: Format | ComplexFormat) -> Format | ComplexFormat:

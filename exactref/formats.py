@@ -13,6 +13,7 @@ A :class:`ComplexFormat` is a pair of parts in one real format.
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -22,6 +23,7 @@ import numpy as np
 
 __all__ = [
     "ComplexFormat",
+    "FLOAT8_FORMATS",
     "FORMATS",
     "Format",
     "format_of",
@@ -32,9 +34,21 @@ __all__ = [
 class Format:
     """A binary floating-point format.
 
-    ``nan_encoding`` is ``"ieee"`` (all-ones exponent field, nonzero
-    significand) or ``"fn"`` (finite-only formats such as float8_e4m3fn, where
-    only the all-ones bit pattern is NaN and the format has no infinities).
+    ``nan_encoding`` says which bit patterns are NaN:
+
+    * ``"ieee"``: an all-ones exponent field with a nonzero significand (the
+      field with a zero significand is infinity);
+    * ``"fn"``: only the all-ones pattern (float8_e4m3fn: S.1111.111), so the
+      top binade holds one value fewer and there is no infinity;
+    * ``"fnuz"``: only the pattern of negative zero (float8_e4m3fnuz,
+      float8_e5m2fnuz), so there is no infinity and no negative zero;
+    * ``"fnu"``: only the all-ones byte of an unsigned, exponent-only format
+      (float8_e8m0fnu, the MX block scale), which has no zero either.
+
+    ``saturates`` is the convention of a rounding that overflows: True gives
+    the largest finite value of the sign (infinities too), as torch's cast to
+    float8_e4m3fn and NVIDIA's ``__NV_SATFINITE`` do; False gives infinity,
+    or NaN in a format without one (``__NV_NOSAT``, ml_dtypes).
     ``dtype`` is the numpy dtype that stores the format, or None for a format
     that only exists inside an algorithm (TF32).
     """
@@ -45,6 +59,7 @@ class Format:
     emax: int
     has_inf: bool = True
     nan_encoding: str = "ieee"
+    saturates: bool = False
     dtype: Any = field(default=None, compare=False, repr=False)
     torch_name: str | None = field(default=None, compare=False, repr=False)
 
@@ -85,8 +100,27 @@ class Format:
 
     @property
     def overflow_value(self) -> float:
-        """What a rounding that overflows yields: inf, or NaN in an fn format."""
+        """What a rounding that overflows yields: the largest finite value if saturating, else inf or NaN."""
+        if self.saturates:
+            return self.max_finite
         return math.inf if self.has_inf else math.nan
+
+    @property
+    def signed(self) -> bool:
+        """Whether the format has negative values (float8_e8m0fnu has none)."""
+        return self.nan_encoding != "fnu"
+
+    @property
+    def has_zero(self) -> bool:
+        return self.nan_encoding != "fnu"
+
+    @property
+    def has_negative_zero(self) -> bool:
+        return self.nan_encoding not in ("fnuz", "fnu")
+
+    def with_saturation(self, saturates: bool) -> Format:
+        """This format with the other overflow convention (see ``saturates``)."""
+        return dataclasses.replace(self, saturates=saturates)
 
     def ulp(self, x: float) -> float:
         """The spacing of the format at the magnitude of ``x``."""
@@ -121,9 +155,17 @@ FLOAT64 = _real("float64", 53, -1022, 1023, np.float64)
 FLOAT32 = _real("float32", 24, -126, 127, np.float32)
 FLOAT16 = _real("float16", 11, -14, 15, np.float16)
 BFLOAT16 = _real("bfloat16", 8, -126, 127, ml_dtypes.bfloat16)
+# torch's cast saturates into float8_e4m3fn only; into the others it overflows to inf or NaN.
 FLOAT8_E4M3FN = _real("float8_e4m3fn", 4, -6, 8, ml_dtypes.float8_e4m3fn,
-                      has_inf=False, nan_encoding="fn")
+                      has_inf=False, nan_encoding="fn", saturates=True)
 FLOAT8_E5M2 = _real("float8_e5m2", 3, -14, 15, ml_dtypes.float8_e5m2)
+FLOAT8_E4M3FNUZ = _real("float8_e4m3fnuz", 4, -7, 7, ml_dtypes.float8_e4m3fnuz,
+                        has_inf=False, nan_encoding="fnuz")
+FLOAT8_E5M2FNUZ = _real("float8_e5m2fnuz", 3, -15, 15, ml_dtypes.float8_e5m2fnuz,
+                        has_inf=False, nan_encoding="fnuz")
+# Powers of two from 2**-127 to 2**127: the shared exponent of an MX block (OCP MX spec, E8M0).
+FLOAT8_E8M0FNU = _real("float8_e8m0fnu", 1, -127, 127, ml_dtypes.float8_e8m0fnu,
+                       has_inf=False, nan_encoding="fnu")
 # TF32 is not a storage format: it is the precision tensor cores round float32
 # inputs to under torch.set_float32_matmul_precision("high").
 TF32 = _real("tf32", 11, -126, 127, None, torch_name=None)
@@ -131,12 +173,15 @@ TF32 = _real("tf32", 11, -126, 127, None, torch_name=None)
 COMPLEX64 = ComplexFormat("complex64", FLOAT32, np.dtype(np.complex64), "complex64")
 COMPLEX128 = ComplexFormat("complex128", FLOAT64, np.dtype(np.complex128), "complex128")
 
+#: The float8 formats: storage for matmul and scaled_matmul operands and outputs (and MX scales).
+FLOAT8_FORMATS: dict[str, Format] = {
+    f.name: f for f in (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FNUZ, FLOAT8_E5M2FNUZ, FLOAT8_E8M0FNU)
+}
 #: Every format ExactRef can judge an output in, by name.
 FORMATS: dict[str, Format | ComplexFormat] = {
-    f.name: f for f in (FLOAT64, FLOAT32, FLOAT16, BFLOAT16, COMPLEX64, COMPLEX128)
+    **{f.name: f for f in (FLOAT64, FLOAT32, FLOAT16, BFLOAT16, COMPLEX64, COMPLEX128)},
+    **FLOAT8_FORMATS,
 }
-#: Formats that exist as data but that no op accepts yet.
-LATER_FORMATS: dict[str, Format] = {f.name: f for f in (FLOAT8_E4M3FN, FLOAT8_E5M2)}
 
 _ALIASES = {
     "double": "float64", "float": "float32", "half": "float16", "single": "float32",
@@ -168,8 +213,7 @@ def format_of(dtype: Any, *, argument: str = "dtype") -> Format | ComplexFormat:
     if name in FORMATS:
         return FORMATS[name]
     supported = ", ".join(FORMATS)
-    hint = " (float8 formats are described but no op accepts them yet)" if name in LATER_FORMATS else ""
-    raise TypeError(f"{argument}={dtype!r} is not a supported format{hint}; use one of: {supported}")
+    raise TypeError(f"{argument}={dtype!r} is not a supported format; use one of: {supported}")
 
 
 def complex_of(fmt: Format) -> ComplexFormat:

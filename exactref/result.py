@@ -28,7 +28,7 @@ from . import _report
 from ._convert import _plain
 from ._threads import own_threads
 from .errors import OutOfToleranceError, ShapeMismatchError, SpecialValueError
-from .formats import ComplexFormat, Format, part_of
+from .formats import FORMATS, ComplexFormat, Format, part_of
 from .rounding import above, below, next_down, next_up, round_float64, to_dtype
 
 __all__ = ["Gradients", "Part", "Result", "judge"]
@@ -71,15 +71,26 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
             low, high = next_down(x_lo - E), next_up(x_hi + E)
         else:
             low, high = round_float64(below(x_lo - E, E), fmt), round_float64(above(x_hi + E, E), fmt)
+        overflow_nan = None
+        if not fmt.has_inf and not fmt.saturates:
+            # Overflow gives NaN here (float8_e4m3fn under "nosat", the fnuz formats): past the
+            # largest finite value an interval accepts NaN.
+            high_nan, low_nan = np.isnan(high) & ~np.isnan(x_hi), np.isnan(low) & ~np.isnan(x_lo)
+            high = np.where(high_nan, fmt.max_finite, high)
+            low = np.where(low_nan, -fmt.max_finite, low)
+            overflow_nan = high_nan | low_nan | (np.isnan(rounded) & ~np.isnan(x_lo))
         lo = np.where(exact_needed, rounded, low)
         hi = np.where(exact_needed, rounded, high)
         tol = np.maximum(x_hi - lo, hi - x_lo)
         tol = np.where(tol > 0, above(tol), 0.0)
     special_ok = np.zeros(rounded.shape, dtype=bool) if overflow is None else np.asarray(overflow).copy()
-    nan_ok = np.zeros(rounded.shape, dtype=bool)
+    nan_ok = np.zeros(rounded.shape, dtype=bool) if overflow_nan is None else overflow_nan
     tol = np.where(special_ok, np.inf, tol)
     if special is not None:
         mask = special != 0
+        if mask.any() and not fmt.has_inf:
+            # An infinite answer in a format without one: its largest value if it saturates, else NaN.
+            special = np.where(mask, round_float64(special, fmt), 0.0)
         if mask.any():
             nan = np.isnan(special)
             rounded = np.where(mask, special, rounded)
@@ -160,7 +171,7 @@ class Result:
             got = np.asarray(_plain(x))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{argument}={x!r:.60} cannot be read as an array: {exc}") from None
-        if got.dtype.kind not in "fciu" and got.dtype.name not in ("bfloat16",):
+        if got.dtype.kind not in "fciu" and got.dtype.name not in FORMATS:
             raise TypeError(f"{argument} has dtype {got.dtype}, which is not a number format")
         if got.shape != self.shape:
             raise ValueError(f"{argument} has shape {got.shape} but {self.op}'s output has shape {self.shape}")

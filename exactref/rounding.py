@@ -88,8 +88,10 @@ def enclosure_bounds(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray, *,
 def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
     """Round float64 values, taken as exact, to ``fmt``; the result is float64.
 
-    NaN and infinities pass through (an infinity becomes NaN in a format
-    without infinities).
+    NaN passes through.  An infinity stays one in a format that has it, and
+    becomes NaN in one without (the largest finite value if ``fmt``
+    saturates).  See :func:`_encode` for the formats without negative zero or
+    without zero.
     """
     x = np.asarray(x, dtype=np.float64)
     if fmt.p == 53 and fmt.emin == -1022:
@@ -106,9 +108,27 @@ def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
         overflow = np.abs(r) > fmt.max_finite
     if overflow.any():
         r = np.where(overflow, np.copysign(fmt.overflow_value, x), r)
-    if not fmt.has_inf:
-        r = np.where(np.isinf(x), np.nan, r)
-    return np.where(np.isfinite(x), r, x) if fmt.has_inf else r
+    if fmt.has_inf:
+        r = np.where(np.isfinite(x), r, x)
+    else:
+        r = np.where(np.isinf(x), np.copysign(fmt.overflow_value, x) if fmt.saturates else np.nan, r)
+    return _encode(r, fmt)
+
+
+def _encode(r: np.ndarray, fmt: Format) -> np.ndarray:
+    """What the format's encoding makes of correctly rounded values ``r``.
+
+    Without negative zero (fnuz) a zero is +0.  Without zero (e8m0) a value
+    below the smallest one rounds to it, the nearest value the format has;
+    without negative values (e8m0) a negative value or zero is NaN.
+    """
+    if fmt.has_negative_zero:
+        return r
+    if not fmt.has_zero:
+        with np.errstate(invalid="ignore"):
+            r = np.where(r == 0, fmt.min_subnormal, r)
+            return np.where(np.signbit(r) & ~np.isnan(r), np.nan, r)
+    return np.where(r == 0, 0.0, r)
 
 
 def to_dtype(x: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
@@ -122,8 +142,10 @@ def round_dyadic(n: int, e: int, fmt: Format, *, negative_zero: bool = False) ->
 
     ``negative_zero`` gives the sign of an exact zero.
     """
+    if n < 0 and not fmt.signed:
+        return math.nan
     if n == 0:
-        return -0.0 if negative_zero else 0.0
+        return float(_encode(np.array(-0.0 if negative_zero else 0.0), fmt))
     sign = -1 if n < 0 else 1
     m = abs(n)
     top = m.bit_length() - 1 + e  # value lies in [2**top, 2**(top+1))
@@ -140,7 +162,7 @@ def round_dyadic(n: int, e: int, fmt: Format, *, negative_zero: bool = False) ->
     if m.bit_length() + q - 1 > fmt.emax or (m > 0 and math.ldexp(m, q) > fmt.max_finite):
         return sign * fmt.overflow_value
     # copysign keeps the sign of a nonzero value that rounds to zero.
-    return math.copysign(math.ldexp(m, q), sign)
+    return float(_encode(np.array(math.copysign(math.ldexp(m, q), sign)), fmt))
 
 
 def round_dyadic_down_up(n: int, e: int) -> tuple[float, float]:

@@ -1,7 +1,8 @@
 """Error models: the algorithm classes that tolerances are computed for.
 
 ``er.models.DEFAULT`` is PyTorch's CPU kernels; the other presets and
-:class:`ErrorModel` describe other classes.  The formulas behind every model
+:class:`ErrorModel` describe other classes, and :func:`tensor_core` the
+accumulation of NVIDIA's MMA instructions, as an order.  The formulas behind every model
 are derived in ``docs/tolerance-models.md``.
 """
 
@@ -15,6 +16,7 @@ from ._error_model import (
 )
 from ._matrix_exp import PADE13, PYTORCH_MEXP, MatrixExpModel
 from ._orders import Blocked
+from ._tensor_core import TensorCore, tensor_core
 
 __all__ = [
     "BF16_MATMUL",
@@ -27,4 +29,6 @@ __all__ = [
     "Blocked",
     "ErrorModel",
     "MatrixExpModel",
+    "TensorCore",
+    "tensor_core",
 ]

@@ -2,7 +2,8 @@
 
 An order is ``"any"`` (nothing is known: the classical bound for every
 order), ``"sequential"`` (one chain in index order), ``"pairwise"``
-(numpy's ``pairwise_sum``) or a :class:`Blocked` tiling.  This module only
+(numpy's ``pairwise_sum``), a :class:`Blocked` tiling, or a tensor core's
+chain of MMA steps (``_tensor_core.TensorCore``), alone or inside a block.  This module only
 describes orders and their trees; ``_running`` turns an order and the exact
 terms into a bound.  The derivation is in ``docs/tolerance-models.md``.
 """
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Union
 
-__all__ = ["INNER_ORDERS", "ORDERS", "Blocked", "Order", "check_order", "pairwise_height"]
+from ._tensor_core import TensorCore
+
+__all__ = ["INNER_ORDERS", "ORDERS", "Blocked", "Order", "check_order", "pairwise_height", "tensor_core_of"]
 
 #: The orders named by a string; "any" is the default.
 ORDERS = ("any", "sequential", "pairwise")
@@ -28,8 +31,9 @@ PW_UNROLL = 8
 class Blocked:
     """Contiguous blocks of ``size`` terms along the reduced index, as a tiled kernel's BLOCK_K loop.
 
-    Each block is summed in ``inner`` order (``"any"``, ``"sequential"`` or
-    ``"pairwise"``) into a block sum, and the block sums are added in index
+    Each block is summed in ``inner`` order (``"any"``, ``"sequential"``,
+    ``"pairwise"``, or a tensor core's chain of MMA steps from a zero
+    accumulator) into a block sum, and the block sums are added in index
     order into one accumulator (``acc = tl.dot(a, b, acc)``).  With
     ``splits`` > 1 (split-K) the blocks are dealt, in order, into ``splits``
     groups of ``ceil(blocks / splits)`` consecutive blocks; each group is
@@ -41,7 +45,7 @@ class Blocked:
     """
 
     size: int
-    inner: str = "any"
+    inner: str | TensorCore = "any"
     splits: int = 1
 
     def __post_init__(self) -> None:
@@ -49,8 +53,13 @@ class Blocked:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Blocked: {name}={value!r} must be a positive int, e.g. Blocked(32)")
-        if self.inner not in INNER_ORDERS:
-            raise ValueError(f"Blocked: inner={self.inner!r} must be one of {INNER_ORDERS}")
+        if isinstance(self.inner, TensorCore):
+            if self.splits != 1:
+                raise ValueError(f"Blocked: splits={self.splits!r} with a tensor core inside is not modelled; "
+                                 "use splits=1")
+        elif self.inner not in INNER_ORDERS:
+            raise ValueError(f"Blocked: inner={self.inner!r} must be one of {INNER_ORDERS} or "
+                             "er.models.tensor_core(gpu, input_format)")
 
     def __str__(self) -> str:
         extra = (f", inner={self.inner!r}" if self.inner != "any" else "") + (
@@ -58,14 +67,23 @@ class Blocked:
         return f"Blocked({self.size}{extra})"
 
 
-Order = Union[str, Blocked]
+Order = Union[str, Blocked, TensorCore]
 
 
 def check_order(order: object, argument: str = "order") -> Order:
-    if isinstance(order, Blocked) or (isinstance(order, str) and order in ORDERS):
+    if isinstance(order, (Blocked, TensorCore)) or (isinstance(order, str) and order in ORDERS):
         return order
-    raise ValueError(f"{argument}={order!r} is not a summation order; use 'any', 'sequential', 'pairwise' "
-                     "or er.models.Blocked(size, inner='any', splits=1)")
+    raise ValueError(f"{argument}={order!r} is not a summation order; use 'any', 'sequential', 'pairwise', "
+                     "er.models.Blocked(size, inner='any', splits=1) or er.models.tensor_core(gpu, input_format)")
+
+
+def tensor_core_of(order: Order) -> tuple[TensorCore, int | None] | None:
+    """(the tensor core, the promotion block or None) of an order that uses one, else None."""
+    if isinstance(order, TensorCore):
+        return order, None
+    if isinstance(order, Blocked) and isinstance(order.inner, TensorCore):
+        return order.inner, order.size
+    return None
 
 
 @lru_cache(maxsize=256)

@@ -24,7 +24,8 @@ import numpy as np
 
 from ..engine.fast import gamma, up
 from ..formats import FLOAT64, Format
-from ._orders import PW_BLOCKSIZE, PW_UNROLL, Blocked, Order, pairwise_height, pairwise_split
+from ._orders import PW_BLOCKSIZE, PW_UNROLL, Blocked, Order, pairwise_height, pairwise_split, tensor_core_of
+from ._tensor_core import TensorCore, tensor_core_error
 
 __all__ = ["DotSource", "RowSource", "ordered_error"]
 
@@ -135,6 +136,10 @@ def ordered_error(source: DotSource | RowSource, order: Order, *, acc: Format, S
     if n == 0 or 0 in source.shape:
         # An empty sum is exactly 0 in every order; an empty output has nothing to bound.
         return np.zeros(source.shape), np.zeros(source.shape)
+    tc = tensor_core_of(order)
+    if tc is not None:
+        E, peak, _ = tensor_core_bound(source, tc[0], S, promote=tc[1])
+        return E, peak
     st = _stats(source, order, products_rounded, final_is_root)
     u = acc.unit_roundoff
     # Each computed partial sum is within `slack` of the exact one (float64 segment and prefix sums).
@@ -159,6 +164,17 @@ def ordered_error(source: DotSource | RowSource, order: Order, *, acc: Format, S
     # Where no partial sum can reach the overflow threshold, a kernel of this order cannot overflow.
     partial_max = up((np.minimum(st.peak, S) + E) * rel64 + slack)
     return E, partial_max
+
+
+def tensor_core_bound(source: DotSource | RowSource, tc: TensorCore, S: np.ndarray, *,
+                      promote: int | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """:func:`tensor_core_error` over every element of ``source``, a chunk of rows at a time."""
+    E, peak = np.zeros(source.shape), np.zeros(source.shape)
+    sens = 0.0
+    flat_E, flat_peak, flat_S = E.reshape(-1), peak.reshape(-1), np.broadcast_to(S, source.shape).reshape(-1)
+    for where, P in source.rows():
+        flat_E[where], flat_peak[where], sens = tensor_core_error(P, tc, flat_S[where], promote=promote)
+    return E, peak, sens
 
 
 def _nearly_constant(source: DotSource | RowSource) -> np.ndarray:

@@ -22,7 +22,7 @@ import numpy as np
 from .._convert import Operand, operand, values_of
 from ..engine.fast import gamma, up
 from ..engine.sumprod import MatmulTerm, RowTerm, Solution, Term
-from ..formats import FLOAT64, ComplexFormat, Format, part_of
+from ..formats import FLOAT8_FORMATS, FLOAT64, ComplexFormat, Format, part_of
 from ..models._bounds import (
     declared,
     dot_error,
@@ -40,7 +40,9 @@ from ..models._error_model import (
     matmul_input_format,
     opmath_format,
 )
-from ..models._running import DotSource, ordered_error
+from ..models._orders import tensor_core_of
+from ..models._running import DotSource, ordered_error, tensor_core_bound
+from ..models._tensor_core import check_tensor_core_inputs
 from ..result import Gradients, Result
 from ._coef import held, magnitude, read_coefficient, scalar_relative_error, scaled
 from ._common import (
@@ -59,8 +61,8 @@ __all__ = ["gemm", "matmul"]
 Tolerance = Callable[[Solution], tuple[np.ndarray, np.ndarray]]
 
 
-def _read_operands(op: str, **named: Any) -> tuple[list[Operand], Format | ComplexFormat]:
-    ops = [operand(v, k) for k, v in named.items()]
+def _read_operands(op: str, *, float8: bool = False, **named: Any) -> tuple[list[Operand], Format | ComplexFormat]:
+    ops = [operand(v, k, float8=float8) for k, v in named.items()]
     for o in ops:
         if o.tier == 0 or (o.array.ndim == 0 and o.name in "AB"):
             raise ValueError(f"{op}: {o.name} must be an array with at least one dimension, "
@@ -137,6 +139,9 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
     """
     acc = accumulation_format(model, fin)
     tin = matmul_input_format(model, fin) if rows is not None else None
+    tc = tensor_core_of(model.order)
+    if tc is not None:
+        check_tensor_core_inputs(tc[0], tin or fin)
     exact = products_exact(tin.p if tin else fin.p, acc)
     depth = max(n - 1, 0) + (0 if exact else 1) + extra_depth
     underflow = not exact or products_may_underflow(tin or fin, acc)
@@ -158,13 +163,15 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
             E = np.maximum(E, E_any)
             may_overflow = overflow_possible(S, acc, depth)
         elif declared(model) and dot is not None:
-            E, may_overflow = _ordered_dot(dot, S, model, acc, out, n, exact, underflow, extra_depth, coef)
+            E, may_overflow, sens = _ordered_dot(dot, S, model, acc, out, n, exact, underflow, extra_depth, coef)
             if tin is not None:
-                # Every partial sum of the rounded inputs' products is off by at most E_in, and fewer than
-                # 2n roundings (additions, and the depths of any-order blocks) see one.
-                E = up(E + gamma(2 * n, acc.unit_roundoff) * E_in * (1 + 3 * tin.unit_roundoff))
-            # The bound for any order holds for this one too: at small sizes it can be the tighter.
-            E = np.minimum(E, E_any)
+                # Every partial sum of the rounded inputs' products is off by at most E_in; the bound
+                # grows by at most `sens` per unit of that.
+                E = up(E + sens * E_in * (1 + 3 * tin.unit_roundoff))
+            if tc is None:
+                # The bound for any order holds for this one too: at small sizes it can be the tighter.
+                # (Not for a tensor core, whose steps truncate: its class is not float32's.)
+                E = np.minimum(E, E_any)
         else:
             E = E_any
             may_overflow = overflow_possible(S, acc, depth)
@@ -185,8 +192,11 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
 
 def _ordered_dot(dot: tuple[np.ndarray, np.ndarray], S: np.ndarray, model: ErrorModel, acc: Format, out: Format,
                  n: int, exact: bool, underflow: bool, extra_depth: int,
-                 coef: float | complex) -> tuple[np.ndarray, np.ndarray]:
-    """The bound for the model's declared order, then ``extra_depth`` roundings (alpha, + beta C) after it."""
+                 coef: float | complex) -> tuple[np.ndarray, np.ndarray, float]:
+    """The bound for the model's declared order, then ``extra_depth`` roundings (alpha, + beta C) after it.
+
+    The third value bounds the growth of the bound per unit of perturbation of the terms.
+    """
     X, Y = dot
     final = acc == out and extra_depth == 0
     per_term = acc.min_subnormal if underflow and not (n == 1 and final) else 0.0
@@ -194,14 +204,20 @@ def _ordered_dot(dot: tuple[np.ndarray, np.ndarray], S: np.ndarray, model: Error
     # sum|X Y| itself, where S also holds the coefficients and beta * C.
     S_dot = S if extra_depth == 0 and scale == 1 else \
         up((np.abs(X) @ np.abs(Y)) * (1 + gamma(n + 2, FLOAT64.unit_roundoff)))
-    E, partial_max = ordered_error(DotSource(X, Y), model.order, acc=acc, S=S_dot, products_rounded=not exact,
-                                   final_is_root=final, underflow=per_term, failure_rate=model.failure_rate)
+    tc = tensor_core_of(model.order)
+    if tc is not None:
+        E, partial_max, sens = tensor_core_bound(DotSource(X, Y), tc[0], S_dot, promote=tc[1])
+    else:
+        E, partial_max = ordered_error(DotSource(X, Y), model.order, acc=acc, S=S_dot, products_rounded=not exact,
+                                       final_is_root=final, underflow=per_term, failure_rate=model.failure_rate)
+        # Fewer than 2n roundings (additions, and the depths of any-order blocks) see a perturbed partial sum.
+        sens = gamma(2 * n, acc.unit_roundoff)
     E = scale * E
     k = extra_depth - (1 if acc == out else 0)
     if k > 0:
         # Each later rounding (alpha, adding beta * C) costs at most u times what it rounds.
         E = up(E + gamma(k, acc.unit_roundoff) * (S + E))
-    return E, scale * partial_max >= acc.max_finite
+    return E, scale * partial_max >= acc.max_finite, sens
 
 
 def _alpha_depth(alpha: float | complex) -> int:
@@ -219,7 +235,7 @@ def matmul(A: Any, B: Any, *, model: ErrorModel = DEFAULT) -> Result:
     [[11.0]]
     """
     model = check_model(model)
-    (a, b), fmt = _read_operands("matmul", A=A, B=B)
+    (a, b), fmt = _read_operands("matmul", float8=True, A=A, B=B)
     return _forward("matmul", a, b, None, fmt, 1.0, 0.0, model)
 
 
@@ -343,7 +359,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
 def _typical(dot: tuple[np.ndarray, np.ndarray] | None, fin: Format,
              model: ErrorModel) -> Callable[[tuple[int, ...]], float] | None:
     """One kernel of the declared order, emulated at an element, for the report (None: none to emulate)."""
-    if dot is None or not declared(model):
+    if dot is None or not declared(model) or tensor_core_of(model.order) is not None:
         return None
     source, acc = DotSource(*dot), accumulation_format(model, fin)
     rounded = not products_exact(fin.p, acc)
@@ -482,7 +498,11 @@ gemm = Op("gemm", gemm,
 
 def _matmul_backward(A: Any, B: Any, grad: Any, model: ErrorModel) -> Gradients:
     model = check_model(model)
-    (a, b), fmt = _read_operands("matmul", A=A, B=B)
+    (a, b), fmt = _read_operands("matmul", float8=True, A=A, B=B)
+    if fmt.name in FLOAT8_FORMATS:
+        raise TypeError(f"matmul.backward: A and B have dtype {fmt.name}, and PyTorch has no float8 backward "
+                        "(its sum and mul kernels refuse float8); judge the backward of the bfloat16 or float32 "
+                        "values, which hold float8 values exactly")
     return _backward("matmul", a, b, None, grad, fmt, 1.0, 0.0, model)
 
 

@@ -22,6 +22,7 @@ from ..formats import part_of
 from ..models._bounds import declared, dot_error, overflow_possible
 from ..models._emulate import emulate
 from ..models._error_model import DEFAULT, ErrorModel, accumulation_format, check_model
+from ..models._orders import tensor_core_of
 from ..models._running import RowSource, ordered_error
 from ..result import Gradients, Result
 from ._common import Op, PartSpec, build, check_bytes, read_grad, zero_nonfinite
@@ -93,6 +94,9 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     [4.0, 6.0]
     """
     model = check_model(model)
+    if tensor_core_of(model.order) is not None:
+        raise ValueError(f"sum: model={model} has a tensor-core order, which only matmul, gemm and scaled_matmul "
+                         "accumulate with; use 'any', 'sequential', 'pairwise' or Blocked(...) with a plain inner order")
     o, axes, keep, out_shape = _reduce(x, axis, keepdims)
     out_size = int(np.prod(out_shape, dtype=np.int64))
     # The result's arrays, a float64 (or transposed) copy of x at most, and the engine's blocks.
@@ -176,6 +180,9 @@ def _backward(o: Any, axes: tuple[int, ...], out_shape: tuple[int, ...], grad: A
 def _sum_backward(x: Any, grad: Any, *, axis: Any = None, keepdims: bool = False,
                   model: ErrorModel = DEFAULT) -> Gradients:
     model = check_model(model)
+    if tensor_core_of(model.order) is not None:
+        raise ValueError(f"sum: model={model} has a tensor-core order, which only matmul, gemm and scaled_matmul "
+                         "accumulate with; use 'any', 'sequential', 'pairwise' or Blocked(...) with a plain inner order")
     o, axes, keep, out_shape = _reduce(x, axis, keepdims)
     return _backward(o, axes, out_shape, grad, model)
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import exactref as er
-from exactref.formats import FORMATS, LATER_FORMATS
+from exactref.formats import FLOAT8_FORMATS, FORMATS
 from exactref.rounding import decide, round_dyadic, round_dyadic_down_up, round_float64
 
 from .oracle import FORMATS as ORACLE_FORMATS
@@ -33,7 +33,7 @@ def test_format_constants_match_numpy_and_ml_dtypes(name):
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
 def test_float8_formats_are_described_as_data(name):
-    fmt = LATER_FORMATS[name]
+    fmt = FLOAT8_FORMATS[name]
     assert fmt.max_finite == float(ml_dtypes.finfo(fmt.dtype).max)
     assert fmt.min_subnormal == float(ml_dtypes.finfo(fmt.dtype).smallest_subnormal)
 
