@@ -12,8 +12,8 @@ A :class:`ComplexFormat` is a pair of parts in one real format.
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -22,9 +22,9 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
-    "ComplexFormat",
     "FLOAT8_FORMATS",
     "FORMATS",
+    "ComplexFormat",
     "Format",
     "format_of",
 ]

@@ -60,8 +60,10 @@ class ErrorModel:
         The summation order of every reduction of the op (matmul's K, sum's
         axes, the gradients' contractions): ``"any"`` (the default: sound
         for a kernel whose order is unknown, such as a BLAS), ``"sequential"``,
-        ``"pairwise"`` (numpy's pairwise summation) or ``Blocked(size, inner,
-        splits)`` (a tiled kernel's BLOCK_K loop).  A declared order gets a
+        ``"pairwise"`` (numpy's pairwise summation), ``Blocked(size, inner,
+        splits)`` (a tiled kernel's BLOCK_K loop) or ``tensor_core(gpu,
+        input_format)`` (the MMA steps of a tensor core, alone or as a
+        ``Blocked`` inner order; see docs/float8.md).  A declared order gets a
         bound from the exact partial sums of that order, far tighter at
         large sizes.  Complex ops and the per-copy roundings of
         ``autograd_roundings`` keep the bound for any order.

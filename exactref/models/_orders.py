@@ -62,7 +62,8 @@ class Blocked:
                              "er.models.tensor_core(gpu, input_format)")
 
     def __str__(self) -> str:
-        extra = (f", inner={self.inner!r}" if self.inner != "any" else "") + (
+        inner = repr(self.inner) if isinstance(self.inner, str) else str(self.inner)
+        extra = (f", inner={inner}" if self.inner != "any" else "") + (
             f", splits={self.splits}" if self.splits != 1 else "")
         return f"Blocked({self.size}{extra})"
 

@@ -24,7 +24,15 @@ import numpy as np
 
 from ..engine.fast import gamma, up
 from ..formats import FLOAT64, Format
-from ._orders import PW_BLOCKSIZE, PW_UNROLL, Blocked, Order, pairwise_height, pairwise_split, tensor_core_of
+from ._orders import (
+    PW_BLOCKSIZE,
+    PW_UNROLL,
+    Blocked,
+    Order,
+    pairwise_height,
+    pairwise_split,
+    tensor_core_of,
+)
 from ._tensor_core import TensorCore, tensor_core_error
 
 __all__ = ["DotSource", "RowSource", "ordered_error"]
@@ -167,13 +175,14 @@ def ordered_error(source: DotSource | RowSource, order: Order, *, acc: Format, S
 
 
 def tensor_core_bound(source: DotSource | RowSource, tc: TensorCore, S: np.ndarray, *,
-                      promote: int | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+                      promote: int | None = None, exact_terms: bool = True) -> tuple[np.ndarray, np.ndarray, float]:
     """:func:`tensor_core_error` over every element of ``source``, a chunk of rows at a time."""
     E, peak = np.zeros(source.shape), np.zeros(source.shape)
     sens = 0.0
     flat_E, flat_peak, flat_S = E.reshape(-1), peak.reshape(-1), np.broadcast_to(S, source.shape).reshape(-1)
     for where, P in source.rows():
-        flat_E[where], flat_peak[where], sens = tensor_core_error(P, tc, flat_S[where], promote=promote)
+        flat_E[where], flat_peak[where], sens = tensor_core_error(P, tc, flat_S[where], promote=promote,
+                                                                        exact_terms=exact_terms)
     return E, peak, sens
 
 

@@ -128,39 +128,86 @@ def tensor_core(gpu: str, input_format: str) -> TensorCore:
                      f"it has {', '.join(have)}")
 
 
-def tensor_core_error(P: np.ndarray, tc: TensorCore, S: np.ndarray, *,
-                      promote: int | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+def tensor_core_error(P: np.ndarray, tc: TensorCore, S: np.ndarray, *, promote: int | None = None,
+                      exact_terms: bool = True) -> tuple[np.ndarray, np.ndarray, float]:
     """(bound, peak, sensitivity) for the exact terms ``P`` (elements, n) accumulated by ``tc``.
 
     Without ``promote`` the chain of steps runs over all n terms from a zero
     accumulator.  With ``promote=b`` every block of b terms runs its own
     chain from zero, and the block results are added in index order into a
     float32 accumulator rounding to nearest (the DeepSeek-V3 fix).
-    ``S`` bounds sum |t| per element.  ``peak`` bounds every partial
-    result's magnitude (for overflow); ``sensitivity`` bounds how much the
-    bound grows per unit of perturbation of the terms (inputs rounded first).
+    ``S`` bounds sum |t| per element.  ``exact_terms``: the instruction
+    multiplies exactly these products, so what the alignment drops from each
+    is known to be at most its remainder modulo the truncation unit; without
+    it (inputs rounded to tf32 first) each addend may lose a whole unit, and
+    ``sensitivity`` bounds how much the bound grows per unit of perturbation
+    of the terms.  ``peak`` bounds every partial result's magnitude.
     """
     n = P.shape[-1]
+    # The partial sums below are float64 sums: each within gamma_{2n} * S of the exact one.
+    slack = gamma(2 * n + 4, FLOAT64.unit_roundoff) * np.broadcast_to(S, P.shape[:-1])
+    chain = _chain_exact if exact_terms else _chain
     if promote is None or promote >= n:
-        E, peak, sens = _chain(P, tc)
+        E, peak, sens = chain(P, tc, slack)
     else:
-        E, peak, sens = _promoted(P, tc, promote)
-    # The partial sums above are float64 sums: each within gamma_{2n} * S of the exact one.
-    slack = gamma(2 * n + 4, FLOAT64.unit_roundoff) * S
+        E, peak, sens = _promoted(P, tc, promote, chain, slack)
     return up(E + sens * slack), up(peak + slack), sens
 
 
-def _chain(P: np.ndarray, tc: TensorCore) -> tuple[np.ndarray, np.ndarray, float]:
+def _steps(P: np.ndarray, k: int) -> np.ndarray:
+    """The terms as (..., steps, k), the last step padded with zeros."""
+    n = P.shape[-1]
+    steps = -(-n // k)
+    Q = np.pad(P, [(0, 0)] * (P.ndim - 1) + [(0, steps * k - n)])
+    return Q.reshape(P.shape[:-1] + (steps, k))
+
+
+def _chain_exact(P: np.ndarray, tc: TensorCore, slack: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The chain of steps, with what each known product can lose to the alignment.
+
+    Step j truncates to multiples of U = 2**(E - bits + 1), E the exponent of
+    its largest addend: 2**E <= max(|c|, M_j) <= max(|s_{j-1}|, M_j) + e_{j-1}
+    =: V_j, so U <= W_j, the largest power of two <= 2**(1 - bits) V_j.  The
+    product t loses |t| mod U <= |t| mod W_j (U divides W_j), the accumulator
+    less than U <= W_j (nothing in the first step, where it is 0).  Then
+    e_j <= (1 + delta)(e_{j-1} + L_j) + delta |s_j| + eta.
+    """
+    Q = _steps(P, tc.block)
+    steps = Q.shape[-2]
+    absQ = np.abs(Q)
+    M = absQ.max(axis=-1)
+    s = np.cumsum(Q.sum(axis=-1), axis=-1)
+    delta, eta = tc.delta, tc.eta
+    unit = math.ldexp(1.0, 1 - tc.bits)
+    E = np.zeros(Q.shape[:-2])
+    prev = np.zeros(Q.shape[:-2])
+    # Float64 slack in computing V and the remainders: a relative 2**-50 is far more than enough.
+    rel = 1 + 2.0 ** -50
+    for j in range(steps):
+        V = (np.maximum(np.abs(prev), M[..., j]) + E + slack) * rel
+        _, ex = np.frexp(unit * V)
+        W = np.where(V > 0, np.ldexp(1.0, ex - 1), 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lost = np.where(W[..., None] > 0, np.fmod(absQ[..., j, :], np.where(W > 0, W, 1.0)[..., None]), 0.0)
+        L = lost.sum(axis=-1) * rel + (W if j else 0.0)
+        E = ((1 + delta) * (E + L) + delta * np.abs(s[..., j]) + eta) * rel
+        prev = s[..., j]
+    E = up(E)
+    peak = np.maximum(np.abs(s).max(axis=-1), M.max(axis=-1)) + E
+    # The float64 slack of the partial sums is in V already; for delta |s_j| and the remainders it
+    # counts as a perturbation, which this factor covers with room to spare.
+    return E, peak, steps * ((1 + delta) * 2 * (tc.block + 1) * unit + delta) * 2
+
+
+def _chain(P: np.ndarray, tc: TensorCore, slack: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """The chain of steps over the last axis, from a zero accumulator.
 
     With e_j the error after step j, s_j the exact partial sum and M_j the
     largest |product| of the step: |e_j| <= (1 + rho)(1 + delta) |e_{j-1}|
     + (1 + delta) rho max(|s_{j-1}|, M_j) + delta |s_j| + eta.
     """
-    k, n = tc.block, P.shape[-1]
-    steps = -(-n // k)
-    pad = steps * k - n
-    Q = np.pad(P, [(0, 0)] * (P.ndim - 1) + [(0, pad)]).reshape(P.shape[:-1] + (steps, k))
+    Q = _steps(P, tc.block)
+    steps = Q.shape[-2]
     totals = Q.sum(axis=-1)
     M = np.abs(Q).max(axis=-1)
     s = np.cumsum(totals, axis=-1)
@@ -174,17 +221,15 @@ def _chain(P: np.ndarray, tc: TensorCore) -> tuple[np.ndarray, np.ndarray, float
     return E, peak, grow * steps * ((1 + delta) * rho + delta)
 
 
-def _promoted(P: np.ndarray, tc: TensorCore, b: int) -> tuple[np.ndarray, np.ndarray, float]:
+def _promoted(P: np.ndarray, tc: TensorCore, b: int, chain, slack: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """Chains over blocks of b terms, their results added by float32 additions to nearest.
 
     With E_b the bound of block b's chain and A_j the exact sum of the first
     j blocks: |error| <= (1 + u)^nb (sum_b E_b + u sum_{j >= 2} |A_j|).
     """
-    n = P.shape[-1]
-    nb = -(-n // b)
-    pad = nb * b - n
-    Q = np.pad(P, [(0, 0)] * (P.ndim - 1) + [(0, pad)]).reshape(P.shape[:-1] + (nb, b))
-    E_b, peak_b, sens_b = _chain(Q, tc)
+    Q = _steps(P, b)
+    nb = Q.shape[-2]
+    E_b, peak_b, sens_b = chain(Q, tc, slack[..., None])
     A = np.cumsum(Q.sum(axis=-1), axis=-1)
     u = FLOAT32.unit_roundoff
     grow = 1 + gamma(nb, u)

@@ -163,7 +163,8 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
             E = np.maximum(E, E_any)
             may_overflow = overflow_possible(S, acc, depth)
         elif declared(model) and dot is not None:
-            E, may_overflow, sens = _ordered_dot(dot, S, model, acc, out, n, exact, underflow, extra_depth, coef)
+            E, may_overflow, sens = _ordered_dot(dot, S, model, acc, out, n, exact, underflow, extra_depth, coef,
+                                                 perturbed=tin is not None)
             if tin is not None:
                 # Every partial sum of the rounded inputs' products is off by at most E_in; the bound
                 # grows by at most `sens` per unit of that.
@@ -192,7 +193,7 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
 
 def _ordered_dot(dot: tuple[np.ndarray, np.ndarray], S: np.ndarray, model: ErrorModel, acc: Format, out: Format,
                  n: int, exact: bool, underflow: bool, extra_depth: int,
-                 coef: float | complex) -> tuple[np.ndarray, np.ndarray, float]:
+                 coef: float | complex, *, perturbed: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
     """The bound for the model's declared order, then ``extra_depth`` roundings (alpha, + beta C) after it.
 
     The third value bounds the growth of the bound per unit of perturbation of the terms.
@@ -206,7 +207,9 @@ def _ordered_dot(dot: tuple[np.ndarray, np.ndarray], S: np.ndarray, model: Error
         up((np.abs(X) @ np.abs(Y)) * (1 + gamma(n + 2, FLOAT64.unit_roundoff)))
     tc = tensor_core_of(model.order)
     if tc is not None:
-        E, partial_max, sens = tensor_core_bound(DotSource(X, Y), tc[0], S_dot, promote=tc[1])
+        # A tensor core multiplies the inputs exactly, unless they were rounded (to tf32) first.
+        E, partial_max, sens = tensor_core_bound(DotSource(X, Y), tc[0], S_dot, promote=tc[1],
+                                                 exact_terms=not perturbed)
     else:
         E, partial_max = ordered_error(DotSource(X, Y), model.order, acc=acc, S=S_dot, products_rounded=not exact,
                                        final_is_root=final, underflow=per_term, failure_rate=model.failure_rate)

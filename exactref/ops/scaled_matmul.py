@@ -23,7 +23,7 @@ import numpy as np
 from .._convert import Operand, operand, values_of, with_saturation
 from ..engine.fast import gamma, up
 from ..engine.sumprod import MatmulTerm, RowTerm, Solution, Term
-from ..formats import FLOAT8_FORMATS, FLOAT32, FLOAT64, Format, format_of
+from ..formats import FLOAT8_FORMATS, FLOAT32, FLOAT64, FORMATS, Format, format_of
 from ..models._bounds import declared, dot_error
 from ..models._error_model import DEFAULT, ErrorModel, check_model
 from ..models._orders import tensor_core_of
@@ -88,9 +88,13 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, *, bias: Any = Non
     finite = all(np.isfinite(v).all() for v in (X, Y) + (() if c is None else (c,)))
     # Non-finite values follow the formula: 0 * inf in scale_a * A is NaN.
     special = None if finite else _terms(X, Y, 1.0, c, narrow=False, finite=False)
-    with np.errstate(invalid="ignore", over="ignore"):
-        smax = float(np.max(np.abs(zero_nonfinite(sa)), initial=0.0) * np.max(np.abs(zero_nonfinite(sb)), initial=0.0))
-    tol = _tolerance(X, Y, c, model, a.fmt, b.fmt, K, 1.0 if kind == "block" else smax)
+    if kind == "block":
+        unscaled, s_ij = (X, Y), 1.0
+    else:
+        unscaled = (Av, Bv)
+        with np.errstate(invalid="ignore", over="ignore"):
+            s_ij = zero_nonfinite(np.abs(sa * sb) if kind == "tensor" else np.abs(sa) * np.abs(sb))
+    tol = _tolerance(X, Y, c, model, a.fmt, b.fmt, K, unscaled, s_ij)
     return build("scaled_matmul", out, (M, N), [PartSpec(terms, special, tol)], model)
 
 
@@ -106,7 +110,7 @@ def _matrix(obj: Any, name: str) -> Operand:
 
 def _scales(scale_a: Any, scale_b: Any, M: int, K: int, N: int) -> tuple[str, np.ndarray, np.ndarray]:
     """('tensor' | 'row' | 'block', scale_a's values, scale_b's values) as float64."""
-    sa, sb = (operand(v, name, float8=True) for v, name in ((scale_a, "scale_a"), (scale_b, "scale_b")))
+    sa, sb = (_scale(v, name) for v, name in ((scale_a, "scale_a"), (scale_b, "scale_b")))
     mx = [o.fmt.name == "float8_e8m0fnu" for o in (sa, sb)]
     if any(mx):
         if not all(mx):
@@ -129,6 +133,18 @@ def _scales(scale_a: Any, scale_b: Any, M: int, K: int, N: int) -> tuple[str, np
         return "row", values_of(sa, sa.fmt), values_of(sb, sb.fmt)
     raise ValueError(f"scaled_matmul: scale_a has shape {sa.shape} and scale_b {sb.shape}; use one value each "
                      f"(tensor-wise), or ({M}, 1) and (1, {N}) (row-wise)")
+
+
+def _scale(obj: Any, name: str) -> Operand:
+    """A scale; a Python number must be a float32 value, as torch's scale tensors are."""
+    o = operand(obj, name, float8=True)
+    if not o.is_python_scalar:
+        return o
+    value = float(o.scalar.real if isinstance(o.scalar, complex) else o.scalar)
+    if isinstance(o.scalar, complex) or float(np.float32(value)) != value and np.isfinite(value):
+        raise ValueError(f"scaled_matmul: {o.name}={o.scalar!r} is not a float32 value; scales are float32: "
+                         f"pass er.asarray({o.scalar!r}, 'float32') to round it first")
+    return Operand(o.name, np.asarray(value, dtype=np.float32), FORMATS["float32"], 1)
 
 
 def _scaled_operands(Av: np.ndarray, Bv: np.ndarray, sa: np.ndarray, sb: np.ndarray,
@@ -160,11 +176,12 @@ def _terms(X: np.ndarray, Y: np.ndarray, coef: float, c: np.ndarray | None, *, n
 
 
 def _tolerance(X: np.ndarray, Y: np.ndarray, c: np.ndarray | None, model: ErrorModel, fa: Format, fb: Format,
-               K: int, epilogue_scale: float):
+               K: int, unscaled: tuple[np.ndarray, np.ndarray], s_ij: np.ndarray | float):
     """E = E_acc + (1 + sens) E_in + gamma_r (S + E_acc + E_in): the accumulation under the model, the
     float32 roundings of the scaled operands (scales applied first), and r roundings of an
     epilogue that applies them after (scale_a * scale_b, the multiply, + bias)."""
     Xf, Yf = zero_nonfinite(X), zero_nonfinite(Y)
+    unscaled = tuple(zero_nonfinite(v) for v in unscaled)
     absX, absY = np.abs(Xf), np.abs(Yf)
     u, h = FLOAT32.unit_roundoff, FLOAT32.min_subnormal / 2
     S_ab = up((absX @ absY) * (1 + gamma(K + 2, FLOAT64.unit_roundoff)))
@@ -179,10 +196,11 @@ def _tolerance(X: np.ndarray, Y: np.ndarray, c: np.ndarray | None, model: ErrorM
 
     def tolerance(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         if tc is not None:
-            E_acc, peak, sens = tensor_core_bound(DotSource(Xf, Yf), tc[0], S_ab, promote=tc[1])
-            # The bound is on the scaled products; a kernel that scales in the epilogue meets the
-            # subnormal floor of float32 before scaling: at most K * eta, scaled.
-            E_acc = up(E_acc + K * tc[0].eta * max(epilogue_scale, 1.0))
+            # The instruction aligns the products it multiplies: A's times B's, scaled by an MX
+            # block's powers of two, and by tensor- or row-wise scales only in the epilogue.
+            S_raw = up((np.abs(unscaled[0]) @ np.abs(unscaled[1])) * (1 + gamma(K + 2, FLOAT64.unit_roundoff)))
+            E_acc, peak, sens = tensor_core_bound(DotSource(*unscaled), tc[0], S_raw, promote=tc[1])
+            E_acc, peak = up(E_acc * s_ij), up(peak * s_ij)
         elif declared(model):
             E_acc, peak = ordered_error(DotSource(Xf, Yf), model.order, acc=FLOAT32, S=S_ab, products_rounded=True,
                                         final_is_root=False, underflow=FLOAT32.min_subnormal,
