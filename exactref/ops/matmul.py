@@ -43,6 +43,7 @@ from ..models._error_model import (
 from ..models._orders import tensor_core_of
 from ..models._running import DotSource, ordered_error, tensor_core_bound
 from ..models._tensor_core import check_tensor_core_inputs
+from ..rounding import round_float64
 from ..result import Gradients, Result
 from ._coef import held, magnitude, read_coefficient, scalar_relative_error, scaled
 from ._common import (
@@ -128,14 +129,15 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
                copies: int = 1, per_copy_rounding: bool = False,
                overflow: np.ndarray | None = None, coef: float | complex = 1.0,
                stored: bool = False, absolute: np.ndarray | float = 0.0,
-               dot: tuple[np.ndarray, np.ndarray] | None = None) -> Tolerance:
+               dot: tuple[np.ndarray, np.ndarray] | None = None, tin_exact: bool = False) -> Tolerance:
     """Tolerance of an n-term dot product of ``fin`` values accumulated under ``model``, rounded to ``out``.
 
     ``rows`` (sum|a| by row, sum|b| by column) is needed when the model rounds
     float32 inputs to TF32 or bfloat16.  With ``per_copy_rounding`` the sum
     is ``copies`` partial products, each rounded to ``out`` first.  ``dot``
     (X, Y with the terms ``X[..., i, k] * Y[..., k, j]``, finite) lets a
-    declared order bound the sum from its exact partial sums.
+    declared order bound the sum from its exact partial sums.  ``tin_exact``:
+    rounding the inputs to the model's input format changes none of them.
     """
     acc = accumulation_format(model, fin)
     tin = matmul_input_format(model, fin) if rows is not None else None
@@ -150,7 +152,7 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
     def tolerance(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
         S = sol.S
         E_in = 0.0
-        if tin is not None:
+        if tin is not None and not tin_exact:
             # |a_t b_t - a b| <= (2u + u^2)|ab| + h((1+u)|a| + |b|), h half of tin's subnormal spacing.
             u, h = tin.unit_roundoff, tin.min_subnormal / 2
             E_in = (2 * u + u * u) * S + h * ((1 + u) * rows[0] + rows[1])
@@ -164,8 +166,8 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
             may_overflow = overflow_possible(S, acc, depth)
         elif declared(model) and dot is not None:
             E, may_overflow, sens = _ordered_dot(dot, S, model, acc, out, n, exact, underflow, extra_depth, coef,
-                                                 perturbed=tin is not None)
-            if tin is not None:
+                                                 perturbed=tin is not None and not tin_exact)
+            if tin is not None and not tin_exact:
                 # Every partial sum of the rounded inputs' products is off by at most E_in; the bound
                 # grows by at most `sens` per unit of that.
                 E = up(E + sens * E_in * (1 + 3 * tin.unit_roundoff))
@@ -322,9 +324,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
         with np.errstate(over="ignore"):
             vanished = vanished + magnitude(alpha) * (np.abs(zero_nonfinite(A2)) @ np.abs(zero_nonfinite(B2))) \
                 * (2 if fmt.is_complex else 1)
-    rows = None
-    if use_ab and matmul_input_format(model, fin) is not None:
-        rows = (np.sum(np.abs(A2), axis=-1, keepdims=True), np.sum(np.abs(B2), axis=-2, keepdims=True))
+    rows, tin_exact = _input_rounding(A2, B2, fin, model) if use_ab else (None, False)
     scaled_overflow = None
     if use_ab and c is not None and alpha not in (1, -1, 0):
         # A BLAS may scale A (or B) by alpha before multiplying, so alpha * a can overflow on its own.
@@ -349,7 +349,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     dot = (zero_nonfinite(A2), zero_nonfinite(B2)) if use_ab and not fmt.is_complex else None
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, rows=rows, overflow=scaled_overflow,
                      coef=alpha if use_ab and c is not None else 1.0, absolute=scaled_underflow + vanished,
-                     dot=dot)
+                     dot=dot, tin_exact=tin_exact)
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
 
     def backward(grad: Any) -> Gradients:
@@ -357,6 +357,19 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
 
     typical = _typical(dot, fin, model) if c is None and rows is None else None
     return build(op, fmt, shape2, specs, model, out_shape=out_shape, backward=backward, typical=typical)
+
+
+def _input_rounding(X: np.ndarray, Y: np.ndarray, fin: Format,
+                    model: ErrorModel) -> tuple[tuple[np.ndarray, np.ndarray] | None, bool]:
+    """(sum|x| by row, sum|y| by column) where the model rounds the inputs first (TF32), else None;
+    and whether that rounding leaves every input unchanged (values already in TF32)."""
+    tin = matmul_input_format(model, fin)
+    if tin is None:
+        return None, False
+    rows = (np.sum(np.abs(X), axis=-1, keepdims=True), np.sum(np.abs(Y), axis=-2, keepdims=True))
+    parts = [p for v in (X, Y) for p in ((v.real, v.imag) if np.iscomplexobj(v) else (v,))]
+    exact = all(np.array_equal(round_float64(zero_nonfinite(p), tin), zero_nonfinite(p)) for p in parts)
+    return rows, exact
 
 
 def _typical(dot: tuple[np.ndarray, np.ndarray] | None, fin: Format,
@@ -449,11 +462,14 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
         # ... and PyTorch stores it in the output format before the multiply.
         inner_overflow = inner * 1.01 >= min(accumulation_format(model, fin).max_finite, fin.max_finite)
     dot = None if fmt.is_complex else (zero_nonfinite(Xf), zero_nonfinite(Yf))
+    # The gradients are float32 matmuls too: under TF32 their operands are rounded first.
+    rows, tin_exact = _input_rounding(Xf, Yf, fin, model)
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, copies=copies,
                      per_copy_rounding=rounded_partials, overflow=inner_overflow, coef=coef, absolute=absolute,
-                     stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)), dot=dot)
+                     stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)), dot=dot,
+                     rows=rows, tin_exact=tin_exact)
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
-    typical = _typical(dot, fin, model) if coef == 1 and not rounded_partials else None
+    typical = _typical(dot, fin, model) if coef == 1 and not rounded_partials and rows is None else None
     return build(f"{op}.backward {name}", fmt, Xf.shape[:-2] + (Xf.shape[-2], Yf.shape[-1]), specs, model,
                  out_shape=shape, typical=typical)
 
