@@ -240,7 +240,7 @@ def convert(arr: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
         out.real, out.imag = round_float64(wide.real, part), round_float64(wide.imag, part)
     else:
         if not part.signed and (wide <= 0).any():
-            bad = wide[wide <= 0].ravel()[0]
+            bad = float(wide[wide <= 0].ravel()[0])
             raise ValueError(f"{fmt.name} holds positive powers of two only, and obj has the value {bad!r}; "
                              "an MX block scale is 2**e, e from -127 to 127")
         out = round_float64(wide, part)

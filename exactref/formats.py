@@ -90,10 +90,12 @@ class Format:
 
     @property
     def overflow_threshold(self) -> Fraction:
-        """The smallest magnitude that rounds to infinity (or NaN), exactly.
+        """The midpoint between the largest finite value and the next value the format
+        would have with an unbounded exponent, exactly.
 
-        It is the midpoint between the largest finite value and the next value
-        the format would have with an unbounded exponent.
+        Magnitudes above it overflow; the midpoint itself overflows only when
+        the largest finite value's significand is odd (ties go to even: in
+        float8_e4m3fn, 464 rounds to 448).
         """
         step = Fraction(2) ** (self.emax - self.p + 1)
         return Fraction(self.max_finite) + step / 2

@@ -70,14 +70,16 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
             # float64 outputs: one rounding of slack matters, so use nextafter.
             low, high = next_down(x_lo - E), next_up(x_hi + E)
         else:
-            low, high = round_float64(below(x_lo - E, E), fmt), round_float64(above(x_hi + E, E), fmt)
+            low_at, high_at = below(x_lo - E, E), above(x_hi + E, E)
+            low, high = round_float64(low_at, fmt), round_float64(high_at, fmt)
         overflow_nan = None
         if not fmt.has_inf and not fmt.saturates:
             # Overflow gives NaN here (float8_e4m3fn under "nosat", the fnuz formats): past the
             # largest finite value an interval accepts NaN.
             high_nan, low_nan = np.isnan(high) & ~np.isnan(x_hi), np.isnan(low) & ~np.isnan(x_lo)
-            high = np.where(high_nan, fmt.max_finite, high)
-            low = np.where(low_nan, -fmt.max_finite, low)
+            # An end that overflows on its own side leaves no finite value on that side.
+            high = np.where(high_nan, np.where(high_at < 0, -np.inf, fmt.max_finite), high)
+            low = np.where(low_nan, np.where(low_at > 0, np.inf, -fmt.max_finite), low)
             overflow_nan = high_nan | low_nan | (np.isnan(rounded) & ~np.isnan(x_lo))
         lo = np.where(exact_needed, rounded, low)
         hi = np.where(exact_needed, rounded, high)
@@ -88,8 +90,8 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
     tol = np.where(special_ok, np.inf, tol)
     if special is not None:
         mask = special != 0
-        if mask.any() and not fmt.has_inf:
-            # An infinite answer in a format without one: its largest value if it saturates, else NaN.
+        if mask.any() and (fmt.saturates or not fmt.has_inf):
+            # An infinite answer in a saturating format is its largest value, and NaN in one without inf.
             special = np.where(mask, round_float64(special, fmt), 0.0)
         if mask.any():
             nan = np.isnan(special)

@@ -95,11 +95,12 @@ def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.float64)
     if fmt.p == 53 and fmt.emin == -1022:
-        return x.copy()
+        return np.where(np.isinf(x), np.copysign(fmt.max_finite, x), x) if fmt.saturates else x.copy()
     if fmt.name == "float32":
         # IEEE conversion float64 -> float32 is a single correct rounding.
         with np.errstate(over="ignore"):
-            return x.astype(np.float32).astype(np.float64)
+            r = x.astype(np.float32).astype(np.float64)
+        return np.where(np.isinf(r), np.copysign(fmt.max_finite, r), r) if fmt.saturates else r
     # Quantum (ulp) exponent of each element: max(exponent, emin) - (p - 1).
     _, ex = np.frexp(x)
     q = np.maximum(ex - 1, fmt.emin) - (fmt.p - 1)
@@ -108,11 +109,15 @@ def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
         overflow = np.abs(r) > fmt.max_finite
     if overflow.any():
         r = np.where(overflow, np.copysign(fmt.overflow_value, x), r)
-    if fmt.has_inf:
+    if fmt.has_inf and not fmt.saturates:
         r = np.where(np.isfinite(x), r, x)
     else:
         r = np.where(np.isinf(x), np.copysign(fmt.overflow_value, x) if fmt.saturates else np.nan, r)
-    return _encode(r, fmt)
+    r = _encode(r, fmt)
+    if not fmt.signed:
+        # Every negative value is NaN here, one that rounds to -0 too (only a zero itself is 2**-127).
+        r = np.where(x < 0, np.nan, r)
+    return r
 
 
 def _encode(r: np.ndarray, fmt: Format) -> np.ndarray:

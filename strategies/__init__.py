@@ -17,7 +17,8 @@ output gradient.  torch is only imported when tensors are asked for.
 
 from .attention import ATTENTION_HARD_CLASSES, MASK_KINDS, scaled_dot_product_attention_inputs
 from .case import OPS, SIGNATURES, OpCase, Signature, check_case
-from .dtypes import formats
+from .casts import CAST_CLASSES, cast_values
+from .dtypes import FLOAT8, formats
 from .elementwise import add_inputs, multiply_inputs, sum_inputs
 from .hard import HARD_CLASSES, HardCase
 from .linalg import gemm_inputs, matmul_inputs
@@ -29,6 +30,8 @@ from .values import SPECIAL_CLASSES, arrays, elements, special_class, special_va
 __all__ = [
     "ATTENTION_HARD_CLASSES",
     "BUILTIN",
+    "CAST_CLASSES",
+    "FLOAT8",
     "HARD_CLASSES",
     "MASK_KINDS",
     "MATMUL_SIGNATURE",
@@ -42,6 +45,7 @@ __all__ = [
     "add_inputs",
     "arrays",
     "broadcast_shapes",
+    "cast_values",
     "check_case",
     "degree_thresholds",
     "elements",

@@ -17,10 +17,11 @@ import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from exactref.formats import FORMATS, ComplexFormat, Format, format_of
+from exactref.formats import FLOAT8_FORMATS, FORMATS, ComplexFormat, Format, format_of
 
 __all__ = [
     "MAX_ELEMENTS",
+    "OP_FORMATS",
     "check_bool",
     "check_classes",
     "check_coefficient",
@@ -37,6 +38,11 @@ __all__ = [
 #: arrays make every example slow (ExactRef's working memory is several times an
 #: input's size) and, with a large max_side, can exhaust the memory at draw time.
 MAX_ELEMENTS = 2 ** 24
+
+#: The formats the per-op strategies draw: every format but float8, on which PyTorch
+#: computes only matmul and _scaled_mm (forward).  A default list of formats is this
+#: one, so that callers who name none never get float8.
+OP_FORMATS: tuple[str, ...] = tuple(n for n in FORMATS if n not in FLOAT8_FORMATS)
 
 
 def check_int(name: str, value: Any, *, min_value: int | None = None,
@@ -86,12 +92,13 @@ def check_dtypes(name: str, value: Any, *, default: Iterable[str] | None = None,
     """A tuple of formats from one dtype or an iterable of them.
 
     A dtype is a name ("float32", "bfloat16"), a numpy or torch dtype, or an
-    exactref Format.  None means ``default`` (every format when that is None
-    too).  ``allowed`` restricts the formats an op accepts.
+    exactref Format.  None means ``default`` (when that is None too, the
+    ``allowed`` formats that are not float8).  ``allowed`` restricts the
+    formats an op accepts; it is :data:`OP_FORMATS` when None.
     """
-    allowed_names = tuple(allowed) if allowed is not None else tuple(FORMATS)
+    allowed_names = tuple(allowed) if allowed is not None else OP_FORMATS
     if value is None:
-        names = tuple(default) if default is not None else allowed_names
+        names = tuple(default) if default is not None else tuple(n for n in allowed_names if n in OP_FORMATS)
         return tuple(FORMATS[n] for n in names)
     items = [value] if isinstance(value, (str, Format, ComplexFormat)) or not isinstance(value, Iterable) \
         else list(value)
@@ -105,8 +112,12 @@ def check_dtypes(name: str, value: Any, *, default: Iterable[str] | None = None,
             raise TypeError(f"{name} contains {item!r}, which is not a supported dtype; "
                             f"use names from: {', '.join(FORMATS)}") from None
         if fmt.name not in allowed_names:
-            who = f"{op} " if op else ""
-            raise ValueError(f"{name} contains {fmt.name!r}, which {who}does not accept; "
+            who = f"{op} " if op else "this strategy "
+            why = ""
+            if fmt.name in FLOAT8_FORMATS:
+                why = (" (PyTorch computes only matmul and _scaled_mm on float8; draw float8 values with "
+                       f"strategies.elements or strategies.arrays(dtype={fmt.name!r}, ...))")
+            raise ValueError(f"{name} contains {fmt.name!r}, which {who}does not accept{why}; "
                              f"use names from: {', '.join(allowed_names)}")
         if fmt not in out:
             out.append(fmt)

@@ -2,7 +2,9 @@
 
 Every value is exactly representable in its format and is returned as a
 Python float (or complex), so it can be put into a numpy array of any of the
-formats, bfloat16 included, without rounding.
+formats, bfloat16 and the float8 formats included, without rounding.
+float8_e8m0fnu (unsigned powers of two, no zero: an MX block scale) has no
+element strategy.
 
 An element is a *plain* value (finite, normal or +0, as Hypothesis's
 ``floats`` draws them) or, about one time in eight, a *special* value from
@@ -23,7 +25,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from exactref.formats import ComplexFormat, Format, format_of, part_of
+from exactref.formats import FLOAT8_FORMATS, ComplexFormat, Format, format_of, part_of
 
 from ._draws import coin, ints
 from ._validation import (
@@ -43,7 +45,8 @@ __all__ = [
 
 #: The special-value classes, in the order their switches are documented.
 #:
-#: - ``signed_zero``: -0 (+0 is a plain value, and the shrink target);
+#: - ``signed_zero``: -0 (+0 is a plain value, and the shrink target; absent from
+#:   the fnuz formats, which have no -0);
 #: - ``infinity``: +inf and -inf (absent from formats without infinities);
 #: - ``nan``: NaN;
 #: - ``min_subnormal`` / ``max_subnormal``: the smallest and largest subnormal, either sign;
@@ -97,11 +100,25 @@ def _raw_part(fmt: Format, max_abs: float | None) -> st.SearchStrategy[float]:
     than ``hi``.
     """
     hi = fmt.max_finite if max_abs is None else _floor_to(fmt, max_abs)
+    if fmt.name in FLOAT8_FORMATS:
+        # Hypothesis's floats, which shrink toward simple numbers, cut down to the format's few values:
+        # toward zero, so none exceeds hi, and numpy stores them without rounding.
+        return st.floats(min_value=-hi, max_value=hi, allow_nan=False, allow_infinity=False,
+                         allow_subnormal=False, width=32).map(functools.partial(_truncate_to_normal, fmt))
     width = _WIDTHS.get(fmt.name)
     if width is None and fmt.name != "bfloat16":
         raise TypeError(f"dtype={fmt.name!r} has no element strategy yet")
     return st.floats(min_value=-hi, max_value=hi, allow_nan=False, allow_infinity=False,
                      allow_subnormal=False, width=width or 32)
+
+
+def _truncate_to_normal(fmt: Format, x: float) -> float:
+    """x rounded toward zero to ``fmt``, and 0 where that is below the smallest normal value."""
+    a = abs(x)
+    if a < fmt.min_normal:
+        return 0.0
+    q = math.ldexp(1.0, math.frexp(a)[1] - fmt.p)
+    return math.copysign(math.floor(a / q) * q, x)
 
 
 def _plain_part(fmt: Format, max_abs: float | None) -> st.SearchStrategy[float]:
@@ -151,7 +168,8 @@ def _class_strategy(fmt: Format, name: str) -> st.SearchStrategy[float]:
 
 
 def _class_strategies(fmt: Format, classes: tuple[str, ...]) -> list[st.SearchStrategy[float]]:
-    return [_class_strategy(fmt, c) for c in classes if c != "infinity" or fmt.has_inf]
+    absent = {"infinity": not fmt.has_inf, "signed_zero": not fmt.has_negative_zero}
+    return [_class_strategy(fmt, c) for c in classes if not absent.get(c, False)]
 
 
 def _weighted(plain: st.SearchStrategy[Any], *specials: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -200,7 +218,12 @@ def _second(pair: tuple[Any, Any]) -> Any:
 
 
 def _read_format(dtype: Any) -> Format | ComplexFormat:
-    return format_of(dtype, argument="dtype")
+    fmt = format_of(dtype, argument="dtype")
+    if not part_of(fmt).signed:
+        raise ValueError(f"dtype={fmt.name!r} holds only the powers of two 2**-127 to 2**127 (an MX block "
+                         "scale: no zero, no sign, no subnormals), so it has no special classes; draw its "
+                         "exponent instead, e.g. st.integers(-127, 127).map(lambda e: 2.0 ** e)")
+    return fmt
 
 
 def elements(*, dtype: Any, specials: Any = True, max_abs: float | None = None) -> st.SearchStrategy[Any]:

@@ -50,7 +50,8 @@ def _products_exact(x: np.ndarray, y: np.ndarray, p: np.ndarray) -> bool:
     It is when both factors have at most 26 significant bits (float32 and
     narrower inputs) and no product falls below the normal range.
     """
-    narrow = np.float64(2.0 ** 27)
+    # frexp's fraction is in [0.5, 1): times 2**26 it is an integer exactly when it has at most 26 bits.
+    narrow = np.float64(2.0 ** 26)
     for v in (x, y):
         frac = np.frexp(v)[0] * narrow
         if not np.array_equal(frac, np.trunc(frac)):

@@ -358,7 +358,7 @@ def _exact_long(terms: list[Term], shape: tuple[int, ...], i: int, fmt: Format) 
 
 def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
     """The rounding to ``fmt`` (p <= 51) of values in [low, high], and where both ends round alike."""
-    if fmt.name != "float32":
+    if fmt.name != "float32" or fmt.saturates:
         return decide(low, low, low, fmt, bounds=(low, high))
     # IEEE conversion to float32 is one correct rounding: compare in float32.
     with np.errstate(over="ignore", invalid="ignore"):

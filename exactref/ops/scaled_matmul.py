@@ -117,7 +117,8 @@ def _scales(scale_a: Any, scale_b: Any, M: int, K: int, N: int) -> tuple[str, np
             raise TypeError(f"scaled_matmul: scale_a has dtype {sa.fmt.name} and scale_b {sb.fmt.name}; MX block "
                             "scales are float8_e8m0fnu for both")
         if K % MX_BLOCK:
-            raise ValueError(f"scaled_matmul: MX block scales need K to be a multiple of {MX_BLOCK}, got K={K}")
+            raise ValueError(f"scaled_matmul: MX block scales need K (A's columns, B's rows) to be a multiple of "
+                             f"{MX_BLOCK}, got K={K}")
         for o, want in ((sa, (M, K // MX_BLOCK)), (sb, (N, K // MX_BLOCK))):
             if o.shape != want:
                 raise ValueError(f"scaled_matmul: {o.name} has shape {o.shape}; MX block scales need {want} "

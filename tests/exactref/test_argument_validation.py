@@ -21,11 +21,30 @@ def ok_result():
     return er.matmul(F32, F32_B)
 
 
+def e4(shape, fmt="float8_e4m3fn"):
+    return er.asarray(np.ones(shape), fmt)
+
+
+def f32(value):
+    return er.asarray(value, "float32")
+
+
+def scaled(A=None, B=None, sa=None, sb=None, **kw):
+    """er.scaled_matmul of a (2, 32) by (32, 3) float8 product, tensor-wise, with one argument replaced."""
+    return er.scaled_matmul(e4((2, 32)) if A is None else A, e4((32, 3)) if B is None else B,
+                            f32(1.0) if sa is None else sa, f32(1.0) if sb is None else sb, **kw)
+
+
+def h100_fp8():
+    return er.models.tensor_core("H100", "float8_e4m3fn")
+
+
 CASES = [
     # (call, exception, pattern the message must match)
     (lambda: er.asarray([1, 2]), TypeError, r"obj holds int64.*dtype='float32'"),
     (lambda: er.asarray([1.0], "int8"), TypeError, r"dtype='int8' is not a supported format"),
-    (lambda: er.asarray([1.0], "float8_e4m3fn"), TypeError, r"float8.*no op accepts"),
+    (lambda: er.add(e4((2, 3)), F32), TypeError,
+     r"^x has dtype float8_e4m3fn, which only er.matmul and er.scaled_matmul take.*er.asarray\(x, 'bfloat16'\)"),
     (lambda: er.asarray([[1.0], [1.0, 2.0]]), TypeError, r"obj=.*cannot be read|not a rectangular"),
     (lambda: er.asarray([1j], "float32"), TypeError, r"complex values cannot be converted to float32"),
     (lambda: er.matmul(F32, F32), ValueError, r"A has shape \(2, 3\) and B has shape \(2, 3\)"),
@@ -88,6 +107,68 @@ CASES = [
      r"grad is a numpy masked array"),
     (lambda: er.matmul(_meta((2, 3)), F32_B), TypeError, r"^A is a torch tensor on the meta device.*device='cpu'"),
     (lambda: er.sum(_meta((4,))), TypeError, r"^x is a torch tensor on the meta device"),
+    # float8: er.scaled_matmul, er.asarray's saturation and MX scales, the tensor-core models
+    (lambda: scaled(A=F32), TypeError,
+     (r"scaled_matmul: A has dtype float32; it must be one of float8_e4m3fn, float8_e5m2"
+      r".*er.asarray\(A, 'float8_e4m3fn'\)")),
+    (lambda: scaled(B=e4((32, 3), "bfloat16")), TypeError, r"scaled_matmul: B has dtype bfloat16; it must be one of"),
+    (lambda: scaled(A=e4((2, 32), "float8_e8m0fnu")), TypeError, r"scaled_matmul: A has dtype float8_e8m0fnu"),
+    (lambda: scaled(A=e4((32,))), ValueError, r"scaled_matmul: A must be a matrix \(2-D\), got shape \(32,\)"),
+    (lambda: scaled(B=e4((1, 32, 3))), ValueError,
+     r"scaled_matmul: B must be a matrix \(2-D\), got shape \(1, 32, 3\)"),
+    (lambda: scaled(B=e4((31, 3))), ValueError,
+     r"A has shape \(2, 32\) and B has shape \(31, 3\): A's columns \(32\) must equal B's rows \(31\)"),
+    (lambda: scaled(sa=er.asarray(np.ones(2), "float32")), ValueError,
+     r"scale_a has shape \(2,\) and scale_b \(\); use one value each \(tensor-wise\), or \(2, 1\) and \(1, 3\)"),
+    (lambda: scaled(sa=er.asarray(np.ones((2, 1)), "float32"), sb=er.asarray(np.ones((3, 1)), "float32")), ValueError,
+     r"scale_a has shape \(2, 1\) and scale_b \(3, 1\)"),
+    (lambda: scaled(sa=er.asarray(1.0, "bfloat16")), TypeError,
+     r"scale_a has dtype bfloat16; scales are float32.*er.asarray\(scale_a, 'float32'\)"),
+    (lambda: scaled(sb=np.float64(2.0)), TypeError, r"scale_b has dtype float64; scales are float32"),
+    (lambda: scaled(sa=0.1), ValueError, r"scale_a=0.1 is not a float32 value.*er.asarray\(0.1, 'float32'\)"),
+    (lambda: scaled(sa=e4((2, 1), "float8_e8m0fnu")), TypeError,
+     r"scale_a has dtype float8_e8m0fnu and scale_b float32; MX block scales are float8_e8m0fnu for both"),
+    (lambda: scaled(e4((2, 16)), e4((16, 3)), e4((2, 1), "float8_e8m0fnu"), e4((3, 1), "float8_e8m0fnu")), ValueError,
+     r"MX block scales need K \(A.s columns, B.s rows\) to be a multiple of 32, got K=16"),
+    (lambda: scaled(sa=e4((2, 2), "float8_e8m0fnu"), sb=e4((3, 1), "float8_e8m0fnu")), ValueError,
+     r"scale_a has shape \(2, 2\); MX block scales need \(2, 1\)"),
+    (lambda: scaled(bias=np.ones(2, np.float32)), ValueError, r"bias has shape \(2,\); it must have shape \(3,\)"),
+    (lambda: scaled(bias=np.ones((1, 3), np.float32)), ValueError,
+     r"bias has shape \(1, 3\); it must have shape \(3,\)"),
+    (lambda: scaled(bias=np.ones(3)), TypeError,
+     r"bias has dtype float64; it must be one of float32, bfloat16, float16"),
+    (lambda: scaled(bias=e4((3,))), TypeError,
+     r"bias has dtype float8_e4m3fn, which only er.matmul and er.scaled_matmul"),
+    (lambda: scaled(out_dtype="complex64"), TypeError, r"out_dtype='complex64' must be a real float format"),
+    (lambda: scaled(out_dtype="float8_e8m0fnu"), TypeError, r"out_dtype='float8_e8m0fnu' must be a real float format"),
+    (lambda: scaled(out_dtype="int8"), TypeError, r"out_dtype='int8' is not a supported format"),
+    (lambda: scaled(saturation="bogus"), ValueError, r"saturation='bogus' must be None .*'satfinite'.*'nosat'"),
+    (lambda: scaled(use_fast_accum=1), TypeError, r"use_fast_accum=1 must be True or False"),
+    (lambda: scaled(model="fast"), TypeError, r"model='fast' is not an ErrorModel"),
+    (lambda: er.scaled_matmul.backward(e4((2, 32)), e4((32, 3)), f32(1.0), f32(1.0), np.ones((2, 3), np.float32)),
+     AttributeError, r"scaled_matmul has no backward: torch._scaled_mm has none"),
+    (lambda: er.asarray([1.0], "float8_e4m3fn", saturation="bogus"), ValueError, r"saturation='bogus' must be None"),
+    (lambda: er.asarray([1.0], saturation="satfinite"), ValueError,
+     r"saturation='satfinite' needs a dtype to round to, such as dtype='float8_e4m3fn'"),
+    (lambda: er.asarray([2.0, -1.0], "float8_e8m0fnu"), ValueError,
+     r"float8_e8m0fnu holds positive powers of two only, and obj has the value .*-1\.0"),
+    (lambda: er.sum(e4((4,))), TypeError, r"^x has dtype float8_e4m3fn, which only er.matmul and er.scaled_matmul"),
+    (lambda: er.multiply(F32, e4((2, 3), "float8_e5m2")), TypeError, r"^y has dtype float8_e5m2, which only er.matmul"),
+    (lambda: er.matmul.backward(e4((2, 32)), e4((32, 3)), np.ones((2, 3), np.float32)), TypeError,
+     r"matmul.backward: A and B have dtype float8_e4m3fn, and PyTorch has no float8 backward"),
+    (lambda: er.models.tensor_core("A100", "float8_e4m3fn"), ValueError,
+     r"tensor_core: A100 has no tensor-core model for input_format='float8_e4m3fn'; it has bfloat16, float16, tf32"),
+    (lambda: er.models.tensor_core("X100", "float16"), ValueError, r"tensor_core: gpu='X100' must be one of"),
+    (lambda: er.matmul(F32, F32_B, model=er.ErrorModel(order=er.models.tensor_core("H100", "tf32"))), ValueError,
+     r"model: the H100 tf32 tensor core multiplies tf32, not float32.*float32_matmul_precision='high'"),
+    (lambda: scaled(model=er.ErrorModel(order=er.models.tensor_core("H100", "float16"))), ValueError,
+     r"model: the H100 float16/bfloat16 tensor core multiplies float16, bfloat16, not float8_e4m3fn"),
+    (lambda: er.models.Blocked(128, inner=h100_fp8(), splits=2), ValueError,
+     r"Blocked: splits=2 with a tensor core inside is not modelled; use splits=1"),
+    (lambda: er.sum(F32, model=er.ErrorModel(order=h100_fp8())), ValueError,
+     r"sum: model=.*order=tensor_core\(H100 float8\).* has a tensor-core order, which only matmul, gemm and"),
+    (lambda: er.sum(F32, model=er.ErrorModel(order=er.models.Blocked(128, inner=h100_fp8()))), ValueError,
+     r"sum: model=.*Blocked\(128, inner=tensor_core\(H100 float8\)\).* has a tensor-core order"),
 ]
 
 
