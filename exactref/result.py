@@ -55,23 +55,36 @@ class Part:
 
 def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray | float, fmt: Format, *,
           special: np.ndarray | None = None, overflow: np.ndarray | None = None,
-          nan_also: np.ndarray | None = None) -> Part:
+          nan_also: np.ndarray | None = None, via: Format | None = None) -> Part:
     """Build a :class:`Part` from the rounded exact values, bounds on them and the model's error bound E.
 
     ``special`` is float64 with NaN or +-inf where the normal answer is that
     special value because of a non-finite input (0 elsewhere); ``overflow``
     marks elements whose partial results may overflow under the model;
     ``nan_also`` marks elements where NaN is accepted besides the answer.
+    ``via`` is a format the kernel may round its result to before ``fmt``
+    (oneDNN's float8 outputs go through float16): rounding is monotonic, so
+    the outputs of such a kernel lie between the double roundings of the
+    interval's ends, which are accepted as well.
     """
     E = np.broadcast_to(np.asarray(E, dtype=np.float64), rounded.shape)
     with np.errstate(invalid="ignore", over="ignore"):
         exact_needed = E == 0
+        via_nan = None
         if fmt.p == 53:
             # float64 outputs: one rounding of slack matters, so use nextafter.
             low, high = next_down(x_lo - E), next_up(x_hi + E)
         else:
             low_at, high_at = below(x_lo - E, E), above(x_hi + E, E)
             low, high = round_float64(low_at, fmt), round_float64(high_at, fmt)
+            if via is not None:
+                via_low = round_float64(round_float64(low_at, via), fmt)
+                via_high = round_float64(round_float64(high_at, via), fmt)
+                # A NaN end (an overflow without inf) is kept apart: fmin and fmax pass over NaN.
+                via_nan = (np.isnan(via_low) | np.isnan(via_high)) & ~np.isnan(x_lo)
+                low, high = np.fmin(low, via_low), np.fmax(high, via_high)
+                # Even an exact value may come out otherwise after two roundings.
+                exact_needed &= round_float64(round_float64(x_lo, via), fmt) == rounded
         overflow_nan = None
         if not fmt.has_inf and not fmt.saturates:
             # Overflow gives NaN here (float8_e4m3fn under "nosat", the fnuz formats): past the
@@ -81,6 +94,8 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
             high = np.where(high_nan, np.where(high_at < 0, -np.inf, fmt.max_finite), high)
             low = np.where(low_nan, np.where(low_at > 0, np.inf, -fmt.max_finite), low)
             overflow_nan = high_nan | low_nan | (np.isnan(rounded) & ~np.isnan(x_lo))
+            if via_nan is not None:
+                overflow_nan |= via_nan
         lo = np.where(exact_needed, rounded, low)
         hi = np.where(exact_needed, rounded, high)
         tol = np.maximum(x_hi - lo, hi - x_lo)
@@ -102,7 +117,8 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
             x_hi = np.where(mask, np.nan, x_hi)
             tol = np.where(mask, 0.0, tol)
             # An infinite answer meeting a finite part that overflows gives inf - inf.
-            nan_ok = nan | (mask & special_ok)
+            # Elsewhere keep the NaN that an overflow in a format without inf already allows.
+            nan_ok = (nan_ok & ~mask) | nan | (mask & special_ok)
             special_ok &= ~mask
     if nan_also is not None:
         nan_ok = nan_ok | nan_also

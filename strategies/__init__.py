@@ -15,16 +15,44 @@ output gradient.  torch is only imported when tensors are asked for.
 >>> test_my_matmul_backward()
 """
 
-from .attention import ATTENTION_HARD_CLASSES, MASK_KINDS, scaled_dot_product_attention_inputs
+from .attention import (
+    ATTENTION_HARD_CLASSES,
+    MASK_KINDS,
+    scaled_dot_product_attention_inputs,
+)
 from .case import OPS, SIGNATURES, OpCase, Signature, check_case
 from .casts import CAST_CLASSES, cast_values
 from .dtypes import FLOAT8, formats
 from .elementwise import add_inputs, multiply_inputs, sum_inputs
 from .hard import HARD_CLASSES, HardCase
 from .linalg import gemm_inputs, matmul_inputs
-from .matrix_exp import MATRIX_EXP_HARD_CLASSES, degree_thresholds, matrix_exp_frechet_inputs, matrix_exp_inputs
-from .registry import BUILTIN, load_module, register, registered, strategy_for, unregister
-from .shapes import MATMUL_SIGNATURE, broadcast_shapes, gemm_shapes, matmul_shapes, shapes
+from .matrix_exp import (
+    MATRIX_EXP_HARD_CLASSES,
+    degree_thresholds,
+    matrix_exp_frechet_inputs,
+    matrix_exp_inputs,
+)
+from .registry import (
+    BUILTIN,
+    load_module,
+    register,
+    registered,
+    strategy_for,
+    unregister,
+)
+from .scaled_matmul import (
+    FLOAT8_INPUTS,
+    SCALE_KINDS,
+    float8_arrays,
+    scaled_matmul_inputs,
+)
+from .shapes import (
+    MATMUL_SIGNATURE,
+    broadcast_shapes,
+    gemm_shapes,
+    matmul_shapes,
+    shapes,
+)
 from .values import SPECIAL_CLASSES, arrays, elements, special_class, special_values
 
 __all__ = [
@@ -37,6 +65,7 @@ __all__ = [
     "MATMUL_SIGNATURE",
     "MATRIX_EXP_HARD_CLASSES",
     "OPS",
+    "SCALE_KINDS",
     "SIGNATURES",
     "SPECIAL_CLASSES",
     "HardCase",
@@ -61,6 +90,7 @@ __all__ = [
     "register",
     "registered",
     "scaled_dot_product_attention_inputs",
+    "scaled_matmul_inputs",
     "shapes",
     "special_class",
     "special_values",

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from exactref.harness.kernels import OP_INPUTS, to_torch
-from exactref.formats import ComplexFormat, Format, format_of
+from exactref.formats import FLOAT8_FORMATS, ComplexFormat, Format, format_of
 
 from .hard import HardCase
 
@@ -190,9 +190,12 @@ def tensor_from_numpy(a: np.ndarray, device: Any = "cpu") -> Any:
 
 
 def tensor_to_numpy(t: Any) -> np.ndarray:
-    """A numpy copy of a torch tensor on any device (bfloat16 through ml_dtypes)."""
+    """A numpy copy of a torch tensor on any device (bfloat16 and float8 through ml_dtypes)."""
     import torch
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    name = str(t.dtype).removeprefix("torch.")
+    if name in FLOAT8_FORMATS:
+        return t.view(torch.uint8).numpy().view(getattr(ml_dtypes, name)).copy()
     return t.numpy().copy()

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from exactref.formats import part_of
+from exactref.formats import FLOAT8_FORMATS, FORMATS, part_of
 
 from ._common import (
     Options,
@@ -22,7 +22,7 @@ from ._common import (
     read_options,
     source_index,
 )
-from ._draws import choice, coin
+from ._draws import choice, coin, ints
 from ._validation import (
     check_bool,
     check_coefficient,
@@ -32,11 +32,14 @@ from ._validation import (
 )
 from .case import OpCase
 from .hard import HARD_CLASSES, HardCase, draw_plan
+from .scaled_matmul import FLOAT8_INPUTS, _float8_array
 from .shapes import batch_side, gemm_shapes, matmul_shapes
 
 __all__ = ["gemm_inputs", "matmul_inputs"]
 
 _PARTS = ("real", "imag")
+# matmul draws float8 operands only on request: PyTorch computes no other op on them.
+_NOT_FLOAT8 = tuple(n for n in FORMATS if n not in FLOAT8_FORMATS)
 
 
 def _as_2d(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,8 +98,21 @@ def _place(draw: st.DrawFn, o: Options, fmt: Any, arrays: dict[str, np.ndarray],
 
 
 @st.composite
+def _float8_matmul(draw: st.DrawFn, o: Options, name: str) -> OpCase:
+    # Matrices only: PyTorch's CPU kernels have mm for float8, but no dot, mv or bmm.
+    M, K, N = (draw(ints(1, o.max_side)) for _ in range(3))
+    A = draw(_float8_array(name, (M, K), o.specials, o.max_abs))
+    B = draw(_float8_array(name, (K, N), o.specials, o.max_abs))
+    # A placeholder: there is no float8 backward to give it to (see matmul_inputs).
+    grad = np.zeros((M, N), FORMATS[name].dtype)
+    return finish(OpCase("matmul", {"A": A, "B": B}, {}, grad), o.device)
+
+
+@st.composite
 def _matmul(draw: st.DrawFn, o: Options, shape_sets: st.SearchStrategy[Any]) -> OpCase:
     fmt = draw(choice(o.dtypes))
+    if fmt.name in FLOAT8_FORMATS:
+        return draw(_float8_matmul(o, fmt.name))
     shapes = draw(shape_sets)
     A = draw(o.array(fmt, shapes.input_shapes[0]))
     B = draw(o.array(fmt, shapes.input_shapes[1]))
@@ -117,12 +133,20 @@ def matmul_inputs(*, dtypes: Any = None, max_batch_dims: int = 2, max_side: int 
     their dot product is a tie, a near tie or a cancellation, with the terms
     in a drawn order.
 
+    The float8 formats (not e8m0) are drawn only when ``dtypes`` names them:
+    their operands are matrices (PyTorch's CPU kernels have mm for float8,
+    no dot, mv or bmm) drawn by :func:`strategies.float8_arrays`, without
+    hard cases, and their ``grad`` is zeros, a placeholder: PyTorch has no
+    float8 backward, and neither has exactref.
+
     >>> from hypothesis import find
     >>> case = find(matmul_inputs(), lambda c: c.A.shape[-1] >= 3)
     >>> case.A.shape, case.B.shape, case.grad.shape
     ((1, 3), (3, 1), (1, 1))
+    >>> find(matmul_inputs(dtypes=["float8_e5m2"]), lambda c: True).A.dtype.name
+    'float8_e5m2'
     """
-    fmts = check_dtypes("dtypes", dtypes)
+    fmts = check_dtypes("dtypes", dtypes, default=_NOT_FLOAT8, allowed=_NOT_FLOAT8 + FLOAT8_INPUTS, op="matmul")
     o = read_options(dtypes=fmts, max_side=max_side, specials=specials, hard=hard,
                      hard_classes=HARD_CLASSES, max_abs=max_abs, device=device)
     max_batch_dims = _check_sizes("matmul_inputs", max_batch_dims, o.max_side, max_batch_side)
@@ -177,7 +201,7 @@ def gemm_inputs(*, dtypes: Any = None, max_batch_dims: int = 1, max_side: int = 
     ...     assert case.alpha == 1.0 and np.broadcast_shapes(case.C.shape, out) == out == case.grad.shape
     >>> test_c_broadcasts()
     """
-    fmts = check_dtypes("dtypes", dtypes)
+    fmts = check_dtypes("dtypes", dtypes, default=_NOT_FLOAT8, allowed=_NOT_FLOAT8, op="gemm")
     names = tuple(f.name for f in fmts)
     o = read_options(dtypes=fmts, max_side=max_side, specials=specials, hard=hard,
                      hard_classes=HARD_CLASSES, max_abs=max_abs, device=device)

@@ -22,6 +22,7 @@ from .case import OPS, OpCase, check_case
 from .elementwise import add_inputs, multiply_inputs, sum_inputs
 from .linalg import gemm_inputs, matmul_inputs
 from .matrix_exp import matrix_exp_frechet_inputs, matrix_exp_inputs
+from .scaled_matmul import scaled_matmul_inputs
 
 __all__ = ["BUILTIN", "load_module", "register", "registered", "strategy_for", "unregister"]
 
@@ -38,6 +39,7 @@ BUILTIN: dict[str, Factory] = {
     "scaled_dot_product_attention": scaled_dot_product_attention_inputs,
     "matrix_exp": matrix_exp_inputs,
     "matrix_exp_frechet": matrix_exp_frechet_inputs,
+    "scaled_matmul": scaled_matmul_inputs,
 }
 
 # op -> (strategy or factory, where it came from)

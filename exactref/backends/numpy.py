@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 import exactref as er
+from exactref.harness.kernels import FORMATS
 
 __all__ = ["EXACTREF_KERNELS"]
 
@@ -57,7 +58,7 @@ def _sum(x: np.ndarray, *, axis: Any = None, keepdims: bool = False) -> Any:
 
 EXACTREF_KERNELS: dict[str, Any] = {
     "matmul": {"forward": np.matmul, "arrays": "numpy",
-               "formats": [f for f in er.FORMATS if f != "bfloat16"]},
+               "formats": [f for f in FORMATS if f != "bfloat16"]},
     "add": {"forward": _add, "arrays": "numpy", "strategy_options": {"alpha": 1},
             "reference_options": {"promotion": "numpy"},
             "known_failures": dict.fromkeys(("complex64", "complex128"), _COMPLEX_ADD)},

@@ -87,13 +87,37 @@ def _element(v: Any, kind: str) -> Any:
     return hex_float(float(v))
 
 
+def _dtype_name(value: Any) -> str | None:
+    """The format name of a dtype object (numpy's, ml_dtypes', torch's), or None for anything else."""
+    from ..formats import FORMATS, format_of
+
+    is_dtype = isinstance(value, np.dtype) or (type(value).__module__ == "torch" and type(value).__name__ == "dtype") \
+        or (isinstance(value, type) and issubclass(value, np.generic))
+    if not is_dtype:
+        return None
+    try:
+        return format_of(value).name
+    except TypeError:
+        raise TypeError(f"cannot save the dtype {value} in a regression case: it is not one of "
+                        f"{', '.join(FORMATS)}") from None
+
+
 def encode_value(value: Any) -> Any:
-    """A JSON-ready, exact form of an array, a Python scalar, a tuple, or an OpCase."""
+    """A JSON-ready, exact form of an array, a Python scalar, a tuple, or an OpCase.
+
+    A dtype (a keyword such as scaled_matmul's ``out_dtype``) is stored as its
+    format's name, which every op and the harness read back as that dtype.
+    """
+    name = _dtype_name(value)
+    if name is not None:
+        return name
     if isinstance(value, np.ndarray) or type(value).__module__.startswith("torch"):
+        from ..formats import FORMATS
         from .kernels import to_numpy
 
         a = to_numpy(value)
-        kind = "f" if a.dtype.name == "bfloat16" else a.dtype.kind
+        # ml_dtypes' formats (bfloat16, float8) are numpy kind "V"; their values are floats.
+        kind = "f" if a.dtype.name in FORMATS and a.dtype.kind == "V" else a.dtype.kind
         as64 = a.astype(np.complex128 if kind == "c" else np.float64) if kind in "fc" else a
         flat = [_element(v, kind) for v in as64.reshape(-1).tolist()]
         return {"dtype": a.dtype.name, "shape": list(a.shape), "values": _nest(flat, a.shape)}

@@ -152,10 +152,10 @@ def build(root: Path, table: dict[str, Any] | None, options: dict[str, Any]) -> 
         raise ConfigError(f"suite = {suite!r} ({origin('suite')}) must be true or false")
     cfg.suite = suite
     cfg.timeout = _timeout(merged.get("timeout", DEFAULT_TIMEOUT), origin("timeout"))
-    from .kernels import FORMATS, OP_INPUTS
+    from .kernels import CELL_FORMATS, OP_INPUTS
 
     cfg.ops = _known("ops", merged.get("ops"), origin("ops"), "an op", tuple(OP_INPUTS))
-    cfg.formats = _known("formats", merged.get("formats"), origin("formats"), "a format", FORMATS)
+    cfg.formats = _known("formats", merged.get("formats"), origin("formats"), "a format", CELL_FORMATS)
     return cfg
 
 

@@ -111,7 +111,7 @@ def reference(kernel: Kernel, direction: str, fmt: str, inputs: Mapping[str, Any
     import exactref as er
 
     op = getattr(er, kernel.op)
-    extra = kernel.reference_kwargs(direction, fmt)
+    extra = kernel.reference_kwargs(direction, fmt, inputs, kwargs)
     if direction == "forward":
         return {"output": op(*inputs.values(), **kwargs, **extra)}
     return dict(op.backward(*inputs.values(), grad, **kwargs, **extra))

@@ -25,7 +25,9 @@ from .. import formats
 
 __all__ = [
     "AUTOGRAD",
+    "CELL_FORMATS",
     "DIRECTIONS",
+    "FLOAT8_INPUTS",
     "FORMATS",
     "OP_INPUTS",
     "Kernel",
@@ -46,22 +48,48 @@ __all__ = [
 DIRECTIONS: tuple[str, ...] = ("forward", "backward")
 #: A kernel's backward may be this string: the plugin runs torch autograd through the forward.
 AUTOGRAD = "autograd"
-#: Every format, in the order cells are listed.
-FORMATS: tuple[str, ...] = tuple(formats.FORMATS)
+#: The formats every op takes, in the order cells are listed (the float8 formats are matmul's and
+#: scaled_matmul's only, below).
+FORMATS: tuple[str, ...] = tuple(n for n in formats.FORMATS if n not in formats.FLOAT8_FORMATS)
 _REAL = FORMATS[:4]
+#: The float8 formats an operand of matmul and scaled_matmul may have (float8_e8m0fnu is only a scale).
+FLOAT8_INPUTS: tuple[str, ...] = tuple(n for n in formats.FLOAT8_FORMATS if n != "float8_e8m0fnu")
+#: The OCP formats, which NVIDIA's and Intel's float8 kernels take; the fnuz ones are AMD's.
+_OCP = ("float8_e4m3fn", "float8_e5m2")
+#: Every format a cell can be in, in the order cells are listed.
+CELL_FORMATS: tuple[str, ...] = FORMATS + FLOAT8_INPUTS
 
 
 class _OpInfo(NamedTuple):
+    """An op as the harness sees it.
+
+    ``formats`` are the cells a kernel gets when it declares none;
+    ``accepts`` the formats it may declare (None: ``formats``), which is how
+    a kernel opts in to float8 matmul cells: most matmul kernels have none.
+    A format in ``forward_only`` has no backward cell even when the kernel
+    has a backward (PyTorch has no float8 backward).  The keywords in
+    ``dtype_keywords`` hold a dtype: a case stores its name, and a torch
+    kernel is called with the torch dtype.
+    """
+
     inputs: tuple[str, ...]
     keywords: tuple[str, ...]
     has_backward: bool
     formats: tuple[str, ...]
     model_keyword: str | None
+    accepts: tuple[str, ...] | None = None
+    forward_only: tuple[str, ...] = ()
+    dtype_keywords: tuple[str, ...] = ()
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        """The formats a kernel of this op may declare."""
+        return self.formats if self.accepts is None else self.accepts
 
 
 # Every op's inputs, keywords, formats and model keyword; strategies.SIGNATURES is built from it.
 OP_INPUTS: dict[str, _OpInfo] = {
-    "matmul": _OpInfo(("A", "B"), (), True, FORMATS, "model"),
+    "matmul": _OpInfo(("A", "B"), (), True, FORMATS, "model", accepts=CELL_FORMATS, forward_only=FLOAT8_INPUTS),
     "gemm": _OpInfo(("A", "B", "C"), ("alpha", "beta"), True, FORMATS, "model"),
     "add": _OpInfo(("x", "y"), ("alpha",), True, FORMATS, "model"),
     "multiply": _OpInfo(("x", "y"), (), True, FORMATS, "model"),
@@ -71,6 +99,8 @@ OP_INPUTS: dict[str, _OpInfo] = {
         _REAL, "algorithm"),
     "matrix_exp": _OpInfo(("A",), (), True, FORMATS, "model"),
     "matrix_exp_frechet": _OpInfo(("A", "E"), (), False, FORMATS, "model"),
+    "scaled_matmul": _OpInfo(("A", "B", "scale_a", "scale_b"), ("bias", "out_dtype", "use_fast_accum"), False,
+                             _OCP, "model", accepts=FLOAT8_INPUTS, dtype_keywords=("out_dtype",)),
 }
 
 _ENTRY_KEYS = ("forward", "backward", "formats", "arrays", "model", "backward_model", "reference_options",
@@ -107,13 +137,18 @@ class Kernel:
     arrays: str
     source: str
     models: dict[str, Any] = field(default_factory=dict)
-    reference_options: dict[str, Any] = field(default_factory=dict)
+    # A dict, or a function of the case's inputs and keywords that returns one.
+    reference_options: dict[str, Any] | Callable[..., Mapping[str, Any]] = field(default_factory=dict)
     strategy_options: dict[str, Any] = field(default_factory=dict)
     known_failures: dict[str, str] = field(default_factory=dict)
 
     @property
     def directions(self) -> tuple[str, ...]:
         return DIRECTIONS if self.backward is not None else DIRECTIONS[:1]
+
+    def directions_of(self, fmt: str) -> tuple[str, ...]:
+        """The directions of this kernel's cells in ``fmt`` (a float8 matmul has no backward)."""
+        return DIRECTIONS[:1] if fmt in OP_INPUTS[self.op].forward_only else self.directions
 
     def model(self, direction: str, fmt: str) -> Any:
         """The error model the reference uses for this direction and format (None: exactref's default)."""
@@ -122,9 +157,21 @@ class Kernel:
             return model.get(fmt)
         return model
 
-    def reference_kwargs(self, direction: str, fmt: str) -> dict[str, Any]:
-        """Keywords for exactref's op beyond the case's own: the model, and any reference options."""
-        out = dict(self.reference_options)
+    def reference_kwargs(self, direction: str, fmt: str, inputs: Mapping[str, Any] | None = None,
+                         kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Keywords for exactref's op beyond the case's own: the model, and any reference options.
+
+        Reference options given as a function are called with the case's
+        ``inputs`` and ``kwargs``: for a kernel whose algorithm depends on the
+        case (PyTorch's _scaled_mm takes another path for row-wise scales).
+        """
+        options = self.reference_options
+        if callable(options):
+            options = options(dict(inputs or {}), dict(kwargs or {}))
+            if not isinstance(options, Mapping):
+                raise TypeError(f"the reference_options function of {self.source} returned {options!r:.60}; "
+                                "it must return a dict of keyword arguments for exactref's op")
+        out = dict(options)
         model = self.model(direction, fmt)
         keyword = OP_INPUTS[self.op].model_keyword
         if model is not None and keyword is not None:
@@ -203,15 +250,20 @@ def _read_entry(module: str, op: Any, entry: Any, default_arrays: Any) -> Kernel
         raise ValueError(f"{where}['arrays']={arrays!r} must be one of {_ARRAYS}")
     if backward == AUTOGRAD and arrays != "torch":
         raise ValueError(f"{where}['backward']={AUTOGRAD!r} needs torch arrays, but 'arrays' is {arrays!r}")
-    formats = _read_formats(where, entry.get("formats"), info.formats, op)
+    formats = _read_formats(where, entry.get("formats"), info, op)
     models = {"forward": entry.get("model"), "backward": entry.get("backward_model", entry.get("model"))}
     for key in ("model", "backward_model"):
         _check_model(where, key, entry.get(key), op, info.model_keyword)
-    options = {}
+    options: dict[str, Any] = {}
     for key in ("reference_options", "strategy_options"):
         value = entry.get(key, {})
+        if key == "reference_options" and callable(value) and not isinstance(value, Mapping):
+            options[key] = value
+            continue
         if not isinstance(value, Mapping):
-            raise TypeError(f"{where}[{key!r}] must be a dict of keyword arguments, not {value!r:.60}")
+            also = ", or a function of the case's inputs and keywords that returns one" \
+                if key == "reference_options" else ""
+            raise TypeError(f"{where}[{key!r}] must be a dict of keyword arguments{also}, not {value!r:.60}")
         options[key] = dict(value)
     known = entry.get("known_failures", {})
     if not isinstance(known, Mapping) or not all(isinstance(v, str) for v in known.values()):
@@ -225,9 +277,10 @@ def _read_entry(module: str, op: Any, entry: Any, default_arrays: Any) -> Kernel
                   options["reference_options"], options["strategy_options"], dict(known))
 
 
-def _read_formats(where: str, value: Any, allowed: tuple[str, ...], op: str) -> tuple[str, ...]:
+def _read_formats(where: str, value: Any, info: _OpInfo, op: str) -> tuple[str, ...]:
     if value is None:
-        return allowed
+        return info.formats
+    allowed = info.allowed
     items = [value] if isinstance(value, str) else value
     try:
         names = [_format_name(v) for v in items]
@@ -237,7 +290,7 @@ def _read_formats(where: str, value: Any, allowed: tuple[str, ...], op: str) -> 
     bad = [n for n in names if n not in allowed]
     if bad or not names:
         raise ValueError(f"{where}['formats']={value!r}: {op} takes the formats {', '.join(allowed)}")
-    return tuple(n for n in FORMATS if n in names)
+    return tuple(n for n in CELL_FORMATS if n in names)
 
 
 def _format_name(value: Any) -> str:
@@ -306,6 +359,9 @@ def to_torch(value: Any, device: Any, *, requires_grad: bool = False) -> Any:
     if a.dtype.name == "bfloat16":
         # torch cannot read ml_dtypes arrays; the bits are the same, so go through int16.
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    elif a.dtype.name in formats.FLOAT8_FORMATS:
+        # The same for float8, through uint8 (same size, so 0-d arrays view too).
+        t = torch.from_numpy(a.view(np.uint8)).view(getattr(torch, a.dtype.name))
     else:
         t = torch.from_numpy(a)
     t = t.to(device)
@@ -333,6 +389,18 @@ def _convert(value: Any, kernel: Kernel, device: str, requires_grad: bool = Fals
     return np.array(value, copy=True) if isinstance(value, np.ndarray) else value
 
 
+def _dtype_for(value: Any, kernel: Kernel, name: str) -> Any:
+    """A dtype keyword's value as the kernel's library spells it: a torch dtype, or a numpy one."""
+    if value is None:
+        return None
+    fmt = formats.format_of(value, argument=name)
+    if kernel.arrays == "torch":
+        import torch
+
+        return getattr(torch, fmt.torch_name)
+    return np.dtype(fmt.dtype)
+
+
 def call_kernel(kernel: Kernel, direction: str, inputs: Mapping[str, Any], kwargs: Mapping[str, Any],
                 grad: Any, *, device: str = "cpu", timeout: float | None = None) -> Any:
     """Run the kernel on numpy inputs: the output array (forward) or a dict of gradients by name.
@@ -347,7 +415,9 @@ def call_kernel(kernel: Kernel, direction: str, inputs: Mapping[str, Any], kwarg
     array_names = [k for k, v in inputs.items() if isinstance(v, np.ndarray)]
     autograd = direction == "backward" and kernel.backward == AUTOGRAD
     args = [_convert(v, kernel, device, requires_grad=autograd) for v in inputs.values()]
-    kw = {k: _convert(v, kernel, device) for k, v in kwargs.items()}
+    dtype_keywords = OP_INPUTS[kernel.op].dtype_keywords
+    kw = {k: _dtype_for(v, kernel, k) if k in dtype_keywords else _convert(v, kernel, device)
+          for k, v in kwargs.items()}
 
     def run() -> Any:
         if direction == "forward":

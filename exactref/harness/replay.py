@@ -41,8 +41,9 @@ def stale_reason(saved: SavedCase, kernels: Mapping[str, Kernel], module: str, r
     if data["format"] not in kernel.formats:
         return (f"regression case {rel} is stale: the {data['op']} kernel no longer declares {data['format']} "
                 f"(its formats: {', '.join(kernel.formats)}); delete the file")
-    if data["direction"] not in kernel.directions:
-        return f"regression case {rel} is stale: the {data['op']} kernel has no backward now; delete the file"
+    if data["direction"] not in kernel.directions_of(data["format"]):
+        return (f"regression case {rel} is stale: the {data['op']} kernel has no backward in {data['format']} "
+                "now; delete the file")
     return None
 
 

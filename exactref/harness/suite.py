@@ -67,7 +67,7 @@ def cells(kernels: Mapping[str, Kernel], *, ops: Iterable[str] | None = None,
     wanted_formats = None if formats is None else tuple(formats)
     return [Cell(kernel, fmt, direction) for op, kernel in kernels.items()
             if wanted_ops is None or op in wanted_ops
-            for fmt in kernel_formats(kernel, wanted_formats) for direction in kernel.directions]
+            for fmt in kernel_formats(kernel, wanted_formats) for direction in kernel.directions_of(fmt)]
 
 
 @dataclass

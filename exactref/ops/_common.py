@@ -158,12 +158,13 @@ class PartSpec:
 def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: list[PartSpec],
           model: ErrorModel, *, out_shape: tuple[int, ...] | None = None,
           backward: Callable[[Any], Gradients] | None = None,
-          typical: Callable[[tuple[int, ...]], float] | None = None) -> Result:
+          typical: Callable[[tuple[int, ...]], float] | None = None, via: Format | None = None) -> Result:
     """Solve every part exactly, apply its tolerance and special values, and wrap it as a Result.
 
     The terms are computed in ``shape``; the Result has ``out_shape`` (the
     same elements in the same order), by default ``shape``.  ``typical``
-    emulates one kernel of the model's order at an index of ``shape``.
+    emulates one kernel of the model's order at an index of ``shape``; ``via`` is
+    a format the result may be rounded to first (see :func:`exactref.result.judge`).
     """
     out_shape = shape if out_shape is None else out_shape
     pfmt = part_of(fmt)
@@ -182,7 +183,7 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
         _share_complex_specials(solved)
     parts: list[Part] = []
     for sol, E, overflow, special, nan_also in solved:
-        part = _judge(sol, E, pfmt, special, overflow, nan_also)
+        part = _judge(sol, E, pfmt, special, overflow, nan_also, via)
         if nan_also is not None and overflow is not None:
             # A finite product that overflows meeting an infinity gives inf or NaN by the order of
             # the complex formula's operations (a BLAS may scale by alpha first): either may come.
@@ -209,7 +210,7 @@ _JUDGE_BLOCK = 1 << 18
 
 
 def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None,
-           overflow: np.ndarray | None, nan_also: np.ndarray | None) -> Part:
+           overflow: np.ndarray | None, nan_also: np.ndarray | None, via: Format | None = None) -> Part:
     """:func:`judge`, a block of leading-axis rows at a time for a large output (it is elementwise).
 
     The Part's rounded value and bounds are written over the Solution's own
@@ -220,7 +221,7 @@ def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None
     size = int(np.prod(shape, dtype=np.int64))
     if not shape or size <= _JUDGE_BLOCK:
         return judge(sol.rounded, sol.x_lo, sol.x_hi, E, fmt, special=special, overflow=overflow,
-                     nan_also=nan_also)
+                     nan_also=nan_also, via=via)
     step = max(1, _JUDGE_BLOCK // max(size // shape[0], 1))
     full = [None if v is None else np.broadcast_to(v, shape) for v in (E, special, overflow, nan_also)]
     out: dict[str, np.ndarray] = {"rounded": sol.rounded, "x_lo": sol.x_lo, "x_hi": sol.x_hi}
@@ -228,7 +229,7 @@ def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None
         cut = slice(start, start + step)
         E_b, special_b, overflow_b, nan_b = (None if v is None else v[cut] for v in full)
         part = judge(sol.rounded[cut], sol.x_lo[cut], sol.x_hi[cut], E_b, fmt, special=special_b,
-                     overflow=overflow_b, nan_also=nan_b)
+                     overflow=overflow_b, nan_also=nan_b, via=via)
         for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
             value = np.asarray(getattr(part, name))
             if name not in out:

@@ -41,7 +41,7 @@ _BIAS = ("float32", "bfloat16", "float16")
 
 def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, out_dtype: Any = None,
                   use_fast_accum: bool = False, model: ErrorModel = DEFAULT,
-                  saturation: str | None = None) -> Result:
+                  saturation: str | None = None, output_via: str | None = None) -> Result:
     """The exact ``(scale_a * A) @ (B * scale_b) + bias``, rounded once to ``out_dtype``.
 
     ``A`` (M, K) and ``B`` (K, N) are float8 (float8_e4m3fn, float8_e5m2 or
@@ -52,6 +52,9 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, *, bias: Any = Non
     accepted for torch's signature: how the kernel accumulates is the
     model's to say (``er.models.tensor_core(...)`` alone for fast
     accumulation, inside ``Blocked(128, ...)`` for a kernel that promotes).
+    ``output_via`` names a format the kernel may round its result to before
+    ``out_dtype`` ("float16" for oneDNN's float8 outputs): the outputs of
+    both roundings in turn are accepted too.
 
     >>> import exactref as er
     >>> A = er.asarray([[1.0, 2.0]], "float8_e4m3fn")
@@ -72,6 +75,12 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, *, bias: Any = Non
                           saturation)
     if out.is_complex or out.name == "float8_e8m0fnu":
         raise TypeError(f"scaled_matmul: out_dtype={out_dtype!r} must be a real float format such as bfloat16")
+    via = None
+    if output_via is not None:
+        via = format_of(output_via, argument="output_via")
+        if via.is_complex or via.name == "float8_e8m0fnu" or via.p <= out.p:
+            raise ValueError(f"scaled_matmul: output_via={output_via!r} must be a real format finer than "
+                             f"out_dtype ({out.name}), such as 'float16' for a float8 output")
     check_bytes("scaled_matmul", M * N * 24 * 8 + (M * K + 6 * K * N) * 8 + (256 << 20), "the product")
     kind, sa, sb = _scales(scale_a, scale_b, M, K, N)
     Av, Bv = values_of(a, a.fmt), values_of(b, b.fmt)
@@ -95,7 +104,7 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, *, bias: Any = Non
         with np.errstate(invalid="ignore", over="ignore"):
             s_ij = zero_nonfinite(np.abs(sa * sb) if kind == "tensor" else np.abs(sa) * np.abs(sb))
     tol = _tolerance(X, Y, c, model, a.fmt, b.fmt, K, unscaled, s_ij)
-    return build("scaled_matmul", out, (M, N), [PartSpec(terms, special, tol)], model)
+    return build("scaled_matmul", out, (M, N), [PartSpec(terms, special, tol)], model, via=via)
 
 
 def _matrix(obj: Any, name: str) -> Operand:

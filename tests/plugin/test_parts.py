@@ -46,7 +46,9 @@ def test_hex_floats_are_short_and_exact(value, text):
 
 
 @FAST
-@given(st.sampled_from(list(er.FORMATS)).flatmap(
+# float8_e8m0fnu has no special classes to draw; every byte of it goes through a case file in
+# test_float8_audit.py.
+@given(st.sampled_from([f for f in er.FORMATS if f != "float8_e8m0fnu"]).flatmap(
     lambda fmt: sx.arrays(dtype=fmt, shape=st.tuples(st.integers(0, 3), st.integers(1, 3)))))
 def test_arrays_go_through_a_case_file_bit_for_bit(a):
     back = decode_value(json.loads(json.dumps(encode_value(a))))
