@@ -257,7 +257,9 @@ def test_the_hypothesis_cases_reach_every_format_and_overflow():
     """The strategy is worth running: it draws overflowing float8 outputs and all three conventions."""
     seen = set()
 
-    @settings(max_examples=60, deadline=None, derandomize=True)
+    # Enough examples that the draws reach them whatever constants Hypothesis mixes in (they depend on
+    # the checkout's path: CI's clone draws otherwise than a working copy).
+    @settings(max_examples=300, deadline=None, derandomize=True, database=None)
     @given(data=st.data())
     def probe(data):
         A, B, sa, sb, bias, out, saturation = data.draw(scaled_case(kind="tensor"))

@@ -79,6 +79,9 @@ CASES = [
     (sx.matrix_exp_inputs, {"max_norm": None}, TypeError, "max_norm=None must be a positive number"),
     (sx.matrix_exp_inputs, {"hard": ["commuting"]}, ValueError, "hard contains 'commuting'"),
     (sx.matrix_exp_frechet_inputs, {"max_batch_dims": -2}, ValueError, "max_batch_dims=-2 must be at least 0"),
+    # scaled_matmul_inputs' full table is in test_scaled_matmul.py.
+    (sx.scaled_matmul_inputs, {"max_side": 0}, ValueError, "max_side=0 must be at least 1"),
+    (sx.scaled_matmul_inputs, {"dtypes": "float8_e8m0fnu"}, ValueError, "dtypes contains 'float8_e8m0fnu'"),
     # Sizes: one drawn array may have at most 2**24 elements; the message gives the largest values that fit.
     (sx.matmul_inputs, {"max_side": 10**6}, ValueError,
      "matmul_inputs(max_batch_dims=2, max_side=1000000) could draw an array of 16,000,000,000,000 elements"),
