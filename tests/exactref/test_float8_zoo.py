@@ -141,22 +141,34 @@ def case(fn):
     return fn
 
 
+def random_case(kernel, out, scales, *, K=32, fb="float8_e4m3fn"):
+    """(reference, broken kernel's output, correct kernel's output, []) on an 8 x K @ K x 8 product of random
+    float8 values (B in ``fb``), with the scales ``scales(r)`` drawn after the operands."""
+    r = rng()
+    A, B = randn(r, (8, K), "float8_e4m3fn"), randn(r, (K, 8), fb)
+    sa, sb = scales(r)
+    res = er.scaled_matmul(A, B, sa, sb, out_dtype=out)
+    return res, kernel(A, B, sa, sb, out), correct(A, B, sa, sb, out=out), []
+
+
+def fixed(a, b):
+    """Tensor-wise scales a and b."""
+    return lambda r: (scale(a), scale(b))
+
+
+def per_row(r):
+    """Row-wise scales for an 8 x 8 output."""
+    return row_scales(r, 8, 8)
+
+
 @case
 def a_scale_applied_after_rounding_bf16():
-    r = rng()
-    A, B = randn(r, (8, 64), "float8_e4m3fn"), randn(r, (64, 8), "float8_e4m3fn")
-    sa, sb = scale(1.37), scale(0.61)
-    res = er.scaled_matmul(A, B, sa, sb, out_dtype="bfloat16")
-    return res, scale_after_rounding(A, B, sa, sb, "bfloat16"), correct(A, B, sa, sb, out="bfloat16"), []
+    return random_case(scale_after_rounding, "bfloat16", fixed(1.37, 0.61), K=64)
 
 
 @case
 def a_scale_applied_after_rounding_e4m3fn():
-    r = rng()
-    A, B = randn(r, (8, 32), "float8_e4m3fn"), randn(r, (32, 8), "float8_e4m3fn")
-    sa, sb = scale(0.3), scale(0.7)
-    res = er.scaled_matmul(A, B, sa, sb, out_dtype="float8_e4m3fn")
-    return res, scale_after_rounding(A, B, sa, sb, "float8_e4m3fn"), correct(A, B, sa, sb, out="float8_e4m3fn"), []
+    return random_case(scale_after_rounding, "float8_e4m3fn", fixed(0.3, 0.7))
 
 
 def near_overflow(r, fmt="float8_e4m3fn"):
@@ -221,38 +233,22 @@ def row_scales(r, M, N):
 
 @case
 def c_row_scale_a_dropped():
-    r = rng()
-    A, B = randn(r, (8, 32), "float8_e4m3fn"), randn(r, (32, 8), "float8_e5m2")
-    sa, sb = row_scales(r, 8, 8)
-    res = er.scaled_matmul(A, B, sa, sb, out_dtype="float32")
-    return res, only_scale_b(A, B, sa, sb, "float32"), correct(A, B, sa, sb, out="float32"), []
+    return random_case(only_scale_b, "float32", per_row, fb="float8_e5m2")
 
 
 @case
 def c_row_scale_b_dropped():
-    r = rng()
-    A, B = randn(r, (8, 32), "float8_e4m3fn"), randn(r, (32, 8), "float8_e4m3fn")
-    sa, sb = row_scales(r, 8, 8)
-    res = er.scaled_matmul(A, B, sa, sb, out_dtype="bfloat16")
-    return res, only_scale_a(A, B, sa, sb, "bfloat16"), correct(A, B, sa, sb, out="bfloat16"), []
+    return random_case(only_scale_a, "bfloat16", per_row)
 
 
 @case
 def d_truncating_cast_to_bf16():
-    r = rng()
-    A, B = randn(r, (8, 32), "float8_e4m3fn"), randn(r, (32, 8), "float8_e4m3fn")
-    sa, sb = scale(1.37), scale(0.61)
-    res = er.scaled_matmul(A, B, sa, sb, out_dtype="bfloat16")
-    return res, truncating_cast(A, B, sa, sb, "bfloat16"), correct(A, B, sa, sb, out="bfloat16"), []
+    return random_case(truncating_cast, "bfloat16", fixed(1.37, 0.61))
 
 
 @case
 def d_truncating_cast_to_e4m3fn():
-    r = rng()
-    A, B = randn(r, (8, 32), "float8_e4m3fn"), randn(r, (32, 8), "float8_e4m3fn")
-    sa, sb = scale(0.37), scale(0.61)
-    res = er.scaled_matmul(A, B, sa, sb, out_dtype="float8_e4m3fn")
-    return res, truncating_cast(A, B, sa, sb, "float8_e4m3fn"), correct(A, B, sa, sb, out="float8_e4m3fn"), []
+    return random_case(truncating_cast, "float8_e4m3fn", fixed(0.37, 0.61))
 
 
 def softmax_times_values(r, M, K, N):
