@@ -362,3 +362,28 @@ def test_print_figures(capsys):
             extra = f", {TWICE[key]} rounded twice" if TWICE.get(key) else ""
             print(f"{' / '.join(map(str, key)):44s} max |got - exact| / tol {f['worst']:.3g} "
                   f"(K=4096: {f['worst_4096']:.3g}); {f['not_nearest']} of {f['elements']} not nearest{extra}")
+
+
+def test_the_scaled_operands_roundings_are_needed_in_the_tolerance():
+    """A mutation of docs/float8.md's derivation: without the roundings of s_a a and b s_b (E_in) and of an
+    epilogue, the tolerance of a K = 1 product is the accumulation's gamma_1 |t| alone.  The emulated path
+    rounds a' = fl(s_a a) and b' = fl(b s_b) before the product, and here lands 2.02 u |t| off: outside
+    what the mutated tolerance accepts, covered by the real one.  Both acceptances are computed here
+    from the exact value with the oracle's rounding, not by exactref."""
+    from fractions import Fraction
+
+    from .oracle import round_fraction
+
+    a, b, s_a, s_b = 1.75, 1.625, float(np.float32(1.257397174835205)), float(np.float32(1.718843698501587))
+    A, B = er.asarray([[a]], "float8_e4m3fn"), er.asarray([[b]], "float8_e4m3fn")
+    sa, sb = er.asarray(s_a, "float32"), er.asarray(s_b, "float32")
+    got = scaled_mm("emulated", A, B, sa, sb, None, "float32")
+    # What the emulated path computes, in float32 steps.
+    f32 = np.float32
+    assert float(got[0, 0]) == float(f32(f32(f32(a) * f32(s_a)) * f32(f32(b) * f32(s_b))))
+    exact = Fraction(a) * Fraction(s_a) * Fraction(b) * Fraction(s_b)
+    u = Fraction(1, 2 ** 24)
+    E_mutated = u / (1 - u) * abs(exact)  # gamma_1 |t|: the product's rounding, nothing else
+    lo, hi = (round_fraction(exact - E_mutated, "float32"), round_fraction(exact + E_mutated, "float32"))
+    assert not lo <= float(got[0, 0]) <= hi, "the mutated derivation would accept it: the test shows nothing"
+    assert er.scaled_matmul(A, B, sa, sb, out_dtype="float32").covers(got).all()
