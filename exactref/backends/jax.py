@@ -48,8 +48,10 @@ _FTZ = ("XLA on the CPU flushes subnormal inputs and results to zero, which no e
 _COMPLEX_ADD = ("jnp.add adds complex parts separately: 0 + (inf+0j) gives inf+0j, where torch (and exactref's "
                 "normal answer, which follows torch) gives inf+nanj")
 _EXPM_FORMATS = ("float64", "float32", "complex64", "complex128")
-_EXPM = ("jax.scipy.linalg.expm chooses its scaling power with floor where ceil is right: errors of about "
-         "1e8 ulps at a 1-norm near 10 (issue 13)")
+# Traced in jax/_src/scipy/linalg.py, _calc_P_Q; the evidence is tests/exactref/test_backends_jax.py.
+_EXPM = ("jax.scipy.linalg.expm chooses its scaling power as floor(log2(|A|_1 / theta)) where ceil is right "
+         "(_calc_P_Q), so the Pade approximant is evaluated at norms up to 2 theta: [[0, 10.7], [-10.7, 0]] "
+         "is 1.7e8 u off normwise in float64, and 8 u with the one more squaring that ceil gives")
 # Subnormal special values are left out of the draws: see _FTZ.
 _NORMAL_SPECIALS = ["signed_zero", "infinity", "nan", "min_normal", "max_finite", "power_of_two",
                     "near_power_of_two", "overflow"]
