@@ -146,6 +146,16 @@ class Kernel:
     def directions(self) -> tuple[str, ...]:
         return DIRECTIONS if self.backward is not None else DIRECTIONS[:1]
 
+    def known_failure(self, fmt: str, direction: str) -> tuple[str, str] | None:
+        """The ``known_failures`` entry of the cell ``fmt``, ``direction``, as (key, reason), or None.
+
+        A key ``"float16-backward"`` names one direction; a key ``"float16"`` both (the narrower wins).
+        """
+        for key in (f"{fmt}-{direction}", fmt):
+            if key in self.known_failures:
+                return key, self.known_failures[key]
+        return None
+
     def directions_of(self, fmt: str) -> tuple[str, ...]:
         """The directions of this kernel's cells in ``fmt`` (a float8 matmul has no backward)."""
         return DIRECTIONS[:1] if fmt in OP_INPUTS[self.op].forward_only else self.directions
@@ -267,14 +277,23 @@ def _read_entry(module: str, op: Any, entry: Any, default_arrays: Any) -> Kernel
         options[key] = dict(value)
     known = entry.get("known_failures", {})
     if not isinstance(known, Mapping) or not all(isinstance(v, str) for v in known.values()):
-        raise TypeError(f"{where}['known_failures'] must be a dict from format name to the reason, "
+        raise TypeError(f"{where}['known_failures'] must be a dict from format name (or 'FORMAT-DIRECTION') to the reason, "
                         f"not {known!r:.80}")
-    for fmt in known:
-        if fmt not in formats:
-            raise ValueError(f"{where}['known_failures'] names {fmt!r}, which is not one of its formats {formats}")
+    for key in known:
+        _check_known_key(where, key, formats, backward is not None)
     source = f"{module}:{op}"
     return Kernel(op, forward, backward, formats, arrays, source, models,
                   options["reference_options"], options["strategy_options"], dict(known))
+
+
+def _check_known_key(where: str, key: Any, formats: tuple[str, ...], has_backward: bool) -> None:
+    """A known_failures key is a format name, or ``FORMAT-DIRECTION`` for one direction of it."""
+    fmt, _, direction = str(key).partition("-")
+    directions = DIRECTIONS if has_backward else DIRECTIONS[:1]
+    if not isinstance(key, str) or fmt not in formats or (direction and direction not in directions):
+        raise ValueError(f"{where}['known_failures'] names {key!r}, which is neither one of its formats {formats} "
+                         f"nor such a format and a direction ({', '.join(directions)}), as in "
+                         f"{formats[0] + '-' + directions[-1]!r}")
 
 
 def _read_formats(where: str, value: Any, info: _OpInfo, op: str) -> tuple[str, ...]:

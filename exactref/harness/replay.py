@@ -96,7 +96,7 @@ def _replay_one(kernel: Kernel, saved: SavedCase, rel: str, device: str, timeout
         members = flatten(exc)
         if not all(is_keyed(e) for e in members):
             raise
-        known = kernel.known_failures.get(saved.data["format"])
+        known = kernel.known_failure(saved.data["format"], saved.data["direction"])
         text = "\n\n".join(f"-- {getattr(type(e), 'kind', type(e).__name__)} in {type(e).where}\n{e}"
                            for e in members)
         return Replayed(saved.path, "known" if known else "failed", text)

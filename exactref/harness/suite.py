@@ -57,7 +57,8 @@ class Cell:
 
     @property
     def known_failure(self) -> str | None:
-        return self.kernel.known_failures.get(self.fmt)
+        entry = self.kernel.known_failure(self.fmt, self.direction)
+        return None if entry is None else entry[1]
 
 
 def cells(kernels: Mapping[str, Kernel], *, ops: Iterable[str] | None = None,
@@ -311,7 +312,8 @@ def no_longer_fails(run: CellRun) -> str:
     if not cell.known_failure or not run.passed or run.skipped or not run.examples:
         return ""
     module = cell.kernel.source.rsplit(":", 1)[0]
-    return (f"{cell.name}: known failure no longer fails: remove the entry {cell.fmt!r} from "
+    key = cell.kernel.known_failure(cell.fmt, cell.direction)[0]  # type: ignore[index]
+    return (f"{cell.name}: known failure no longer fails: remove the entry {key!r} from "
             f"{module}.EXACTREF_KERNELS[{cell.op!r}]['known_failures'] (its reason: {cell.known_failure})")
 
 

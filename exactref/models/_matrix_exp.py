@@ -20,7 +20,8 @@ class MatrixExpModel:
     ``PADE13``: Al-Mohy and Higham's (2009) Padé scaling and squaring, as
     ``scipy.linalg.expm`` runs it: degree 3, 5, 7, 9 or 13 and the scaling
     chosen from norms of powers of A, (V - U)^-1 (V + U) by LU with partial
-    pivoting, s squarings; a diagonal A gives exp of its diagonal.  The
+    pivoting, s squarings; a diagonal A (a 1 x 1 included) gives exp of its
+    diagonal, or, as in JAX's expm, which has no shortcut, Padé's value.  The
     tolerance is a normwise bound on ||computed - exp(A)||_1, applied to
     every element (docs/matrix-exp.md, "Padé scaling and squaring").
     Formats float32, float64, complex64 and complex128.

@@ -146,6 +146,10 @@ def _numpy_matmul(A, B):
     ({"matmul": {"forward": _numpy_matmul, "model": "tf32"}}, "['model'] must be an ErrorModel"),
     ({"matrix_exp": {"forward": _numpy_matmul, "model": er.models.DEFAULT}}, "['model'] must be a MatrixExpModel"),
     ({"matmul": {"forward": _numpy_matmul, "known_failures": {"float8": "x"}}}, "names 'float8'"),
+    ({"matmul": {"forward": _numpy_matmul, "known_failures": {"float32-sideways": "x"}}},
+     "names 'float32-sideways', which is neither one of its formats"),
+    ({"matmul": {"forward": _numpy_matmul, "known_failures": {"float32-backward": "x"}}},
+     "nor such a format and a direction (forward), as in"),
 ])
 def test_a_bad_kernel_module_is_an_error_naming_module_op_and_key(module, kernels, message):
     name = module(**({} if kernels is None else {"EXACTREF_KERNELS": kernels}))

@@ -236,7 +236,9 @@ def _solve(pb: _Problem, backward: Callable[[Any], Gradients] | None = None) -> 
     L = np.full((b, k, k), -np.inf)
     O = np.zeros((b, k, k), dtype=bool)
     for bi in finite:
-        if pb.shortcut:
+        # PADE13's class holds Padé on a 1 x 1 too (JAX's expm has no shortcut); its bound on a diagonal
+        # matrix also covers exp of the diagonal (scipy's shortcut).
+        if pb.shortcut and pb.model != PADE13:
             E[bi], O[bi] = _shortcut_tolerance([x[bi] for x in x_lo], [x[bi] for x in x_hi], pb.V[bi], fmt)
             continue
         if pb.model == PADE13:
