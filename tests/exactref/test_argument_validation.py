@@ -172,6 +172,16 @@ CASES = [
      r"sum: model=.*order=tensor_core\(H100 float8\).* has a tensor-core order, which only matmul, gemm and"),
     (lambda: er.sum(F32, model=er.ErrorModel(order=er.models.Blocked(128, inner=h100_fp8()))), ValueError,
      r"sum: model=.*Blocked\(128, inner=tensor_core\(H100 float8\)\).* has a tensor-core order"),
+    (lambda: er.scaled_dot_product_attention(F32, F32, F32, masked_rows="nan"), ValueError,
+     r"scaled_dot_product_attention: masked_rows='nan' must be one of \('zero', 'mean'\): 'zero' \(PyTorch"),
+    (lambda: er.scaled_dot_product_attention(F32, F32, F32, masked_rows=None), ValueError,
+     r"masked_rows=None must be one of \('zero', 'mean'\)"),
+    (lambda: er.scaled_dot_product_attention(F32, F32, F32, mask_nan="ignore"), ValueError,
+     r"scaled_dot_product_attention: mask_nan='ignore' must be one of \('propagate', 'hide'\): 'propagate'"),
+    (lambda: er.scaled_dot_product_attention.backward(F32, F32, F32, F32, mask_nan=True), ValueError,
+     r"mask_nan=True must be one of \('propagate', 'hide'\)"),
+    (lambda: er.scaled_dot_product_attention.backward(F32, F32, F32, F32, masked_rows="MEAN"), ValueError,
+     r"masked_rows='MEAN' must be one of \('zero', 'mean'\)"),
 ]
 
 

@@ -62,3 +62,15 @@ def test_the_backend_declares_the_cause():
     from exactref.backends import jax as backend
     reason = backend.EXACTREF_KERNELS["matrix_exp"]["known_failures"]["float64"]
     assert "floor" in reason and "ceil" in reason and "_calc_P_Q" in reason
+
+
+def test_pade13_holds_jaxs_pade_on_a_1x1_as_well_as_scipys_exp():
+    # JAX runs Padé on a 1 x 1 (12 ulps off at [[3]]: Q's cancellation), scipy returns exp.
+    shipped = np.asarray(jsl.expm(jnp.asarray(np.array([[3.0]]))))
+    assert not er.matrix_exp(np.array([[3.0]])).covers(shipped).all()  # torch's class: exp within an ulp
+    for x in (3.0, -3.0, 5.0, 0.5):
+        A = np.array([[x]])
+        result = er.matrix_exp(A, model="pade13")
+        assert result.covers(np.asarray(jsl.expm(jnp.asarray(A)))).all()
+        assert result.covers(np.exp(A)).all()
+        assert not result.covers(np.exp(A) * (1 + 1e-11)).all()

@@ -1,9 +1,9 @@
 """Triton kernels judged through the plugin, on a CPU, in Triton's interpreter (TRITON_INTERPRET=1).
 
-Each test runs pytest in a fresh copy of ``triton_repo``: a tiled matmul
-(forward and backward) and a FlashAttention-2 style attention whose backward
-is the tutorial's and a known failure.  Bugs are planted through
-``tritonkernels/bugs.py``.  Triton is an optional test dependency: without it
+Each test runs pytest (or a script) in a fresh copy of ``triton_repo``: a
+tiled matmul (forward and backward) and a FlashAttention-2 style attention
+whose backward is the tutorial's, judged under TRITON_FLASH_ATTENTION.  Bugs
+are planted through ``tritonkernels/bugs.py``.  Triton is an optional test dependency: without it
 these tests are skipped.
 """
 
@@ -24,7 +24,6 @@ pytest.importorskip("triton", reason="the Triton example needs triton (pip insta
 TRITON_REPO = Path(__file__).resolve().parent / "triton_repo"
 # Few examples: the interpreter runs each kernel program in Python.
 EXAMPLES = ("--exactref", "--exactref-examples", "20")
-BACKWARD = ("--exactref-kernels", "tritonkernels.exactref_attention_backward", "-k", "backward")
 
 
 class TritonRepo(Repo):
@@ -49,34 +48,38 @@ def triton_repo(tmp_path: Path) -> TritonRepo:
     return r
 
 
-def test_the_kernels_pass_and_the_tutorial_backward_is_a_known_failure(triton_repo: TritonRepo):
+def test_the_kernels_pass_forward_and_backward(triton_repo: TritonRepo):
+    # The tutorial's backward (K * sm_scale / ln 2 and dS rounded to float16) is covered by
+    # TRITON_FLASH_ATTENTION: no known failure is left.
     result = triton_repo.run(*EXAMPLES, "-rA")
     text = output(result)
     assert result.returncode == 0, text
     for item in ("matmul[float16-forward]", "matmul[float16-backward]", "matmul[float32-forward]",
-                 "matmul[float32-backward]", "scaled_dot_product_attention[float16-forward]"):
+                 "matmul[float32-backward]", "scaled_dot_product_attention[float16-forward]",
+                 "scaled_dot_product_attention[float16-backward]"):
         assert f"PASSED exactref::{item}" in text, text
-    assert "5 passed" in text, text
-
-    result = triton_repo.run(*EXAMPLES, *BACKWARD, "-rx")
-    text = output(result)
-    assert result.returncode == 0, text
-    assert "XFAIL exactref::scaled_dot_product_attention[float16-backward] - known failure: the tutorial's " \
-           "backward recomputes the logits from K * sm_scale / ln 2 rounded to float16" in text, text
-    assert "1 xfailed" in text, text
-    # A known failure is not saved: it would only replay as one.
+    assert "6 passed" in text, text
     assert not triton_repo.cases()
 
 
-def test_the_backward_with_the_prescaled_k_in_float32_is_covered(triton_repo: TritonRepo):
-    # The known failure is the float16 rounding of K * sm_scale / ln 2: keep that product in float32
-    # (and dS in float16, as before) and FLASH_ATTENTION covers the backward, so the entry is stale.
-    triton_repo.plant("float32_prescaled_k")
-    result = triton_repo.run(*EXAMPLES, *BACKWARD)
+def test_the_tutorial_cases_are_covered_and_need_the_class(triton_repo: TritonRepo):
+    # Triton's own test shapes (N_CTX 128 and 256, causal or not, q scaled by 8) and a dS that
+    # overflows float16: covered under TRITON_FLASH_ATTENTION, while FLASH_ATTENTION, which does
+    # not budget the pre-scaled K rounded to float16, rejects grad_value.
+    result = triton_repo.command(sys.executable, "-m", "tritonkernels.tutorial_cases", "TRITON_FLASH_ATTENTION",
+                                 "FLASH_ATTENTION")
     text = output(result)
-    assert result.returncode == 1, text
-    assert "scaled_dot_product_attention[float16-backward]: known failure no longer fails: remove the entry " \
-           "'float16' from tritonkernels.exactref_attention_backward.EXACTREF_KERNELS" in text, text
+    assert result.returncode == 0, text
+    lines = [line for line in text.splitlines() if " not covered" in line]
+    cases = ("N_CTX=128 causal=False", "N_CTX=128 causal=True", "N_CTX=256 causal=False",
+             "N_CTX=256 causal=True", "dS overflow")
+    assert len(lines) == len(cases) * 2 * 4, text
+    for case in cases:
+        for which in ("out", "grad_query", "grad_key", "grad_value"):
+            assert f"{case} TRITON_FLASH_ATTENTION {which}: 0 not covered" in text, text
+    rejected = [line for line in lines if "N_CTX" in line and " FLASH_ATTENTION grad_value" in line
+                and ": 0 not covered" not in line]
+    assert rejected, text
 
 
 @pytest.mark.parametrize("bugs, failing", [
@@ -88,6 +91,7 @@ def test_the_backward_with_the_prescaled_k_in_float32_is_covered(triton_repo: Tr
     (("strict_causal",), ["scaled_dot_product_attention[float16-forward]"]),
 ], ids=lambda v: "+".join(v) if isinstance(v, tuple) else None)
 def test_planted_bugs_are_caught(triton_repo: TritonRepo, bugs: tuple[str, ...], failing: list[str]):
+    # The attention items are judged under TRITON_FLASH_ATTENTION (exactref_kernels' model).
     triton_repo.plant(*bugs)
     result = triton_repo.run(*EXAMPLES, "-k", "forward")
     text = output(result)

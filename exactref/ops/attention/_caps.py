@@ -26,7 +26,7 @@ from ...engine.fast import gamma, up
 from ...formats import Format
 from ._first import FirstPass, _cat_cols, _cat_rows_t, expm1_up, matmul_up
 
-__all__ = ["backward_cap", "forward_cap"]
+__all__ = ["backward_cap", "ds_kernel_bound", "forward_cap"]
 
 _SLACK = 1.0 + 2.0 ** -20
 _CHUNK = 1 << 22  # elements of the (rows, S, Ev) working array of the hull
@@ -141,6 +141,11 @@ def _dS_caps(fp: FirstPass, wts, model, fmt: Format, E_fwd: np.ndarray) -> tuple
     return caps
 
 
+def ds_kernel_bound(fp: FirstPass, wts, model, fmt: Format, E_fwd: np.ndarray) -> np.ndarray:
+    """An upper bound (H, L, S) on a kernel's |dS~|, finite even where the weights' relative bound is not."""
+    return _dS_caps(fp, wts, model, fmt, E_fwd)[2]
+
+
 def backward_cap(fp: FirstPass, wts, model, fmt: Format, E_fwd: np.ndarray, which: str,
                  depth: int, blocks: int) -> np.ndarray:
     """The cap on one gradient's tolerance, in its operand's own batch: |exact| + |kernel| bounds.
@@ -170,6 +175,9 @@ def backward_cap(fp: FirstPass, wts, model, fmt: Format, E_fwd: np.ndarray, whic
             absY = np.abs(Y)[cop].reshape(n_own, c * rows, pb.E)
             exact = s * matmul_up(X(dS_x, cop), absY)
             kernel = (1 + gd) * s * matmul_up(X(dS_k, cop), absY) + 2 * depth * eta * (1 + s)
+            if wts.prescaled:
+                # The kernel's operand is the rounded pre-scaled one: |k'| <= |k c| (1 + u_in) + eta_in.
+                kernel = kernel * (1 + wts.u_in) + (1 + gd) * wts.eta_in * np.sum(X(dS_k, cop), axis=-1)[..., None]
         if model.blocks_in_output_format and half:
             kernel = kernel * (1 + _g(blocks, u_o)) + blocks * eta_o
         cap = up((exact + kernel) * _SLACK)

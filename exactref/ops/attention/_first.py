@@ -300,6 +300,10 @@ class FirstPass:
         self.weights_cache: dict = {}  # the tolerance models' bounds on the weights, by model
         H, L, S = pb.H, pb.L, pb.S
         self.Qh, self.Kh, self.Vh = pb.Q[pb.qi], pb.K[pb.ki], pb.V[pb.vi]
+        if pb.uniform is not None:
+            # A row weighed uniformly (masked_rows="mean") has constant logits: with its query read
+            # as zero (a copy per head) every pass computes them exactly 0, whatever the keys.
+            self.Qh[pb.uniform] = 0.0
         unmasked = ~pb.masked
         self.unmasked = unmasked
         s, ds = pb.scale.approx, pb.scale.err

@@ -21,7 +21,24 @@ roundoff u:
 3. the products with the weights (P V, P^T dO) and with dS (dS K, dS^T Q):
    each term off by its factor's relative error, plus gamma_n of the sum of
    |terms| for n-term sums in any order, plus the rounding of P or dS to a
-   half input's format where the class does that.
+   half input's format where the class does that;
+4. a pre-scaled operand (``prescaled_operands_in_input_format``): a kernel
+   that multiplies K (or Q) by a constant c (s, or s / ln 2 for exp2) and
+   rounds the product to a half input's format before q . k' replaces each
+   k_jc by k_jc c (1 + eps) + a, |eps| <= u_in, |a| <= eta_in / 2 (the
+   rounding of c to float32 and of the float32 product are in gamma_{E+4}).
+   So delta_ij gains (1 + gamma_{E+4}) u_in |s| sum_c |q_ic k_jc| + eta_in
+   (sum_c |q_ic| + sum_c |k_jc|), whether K or Q is the operand; where the
+   kernel also multiplies dS by that operand, each term of grad_query and
+   grad_key gains u_in of its size and eta_in |dS|.  |k c| past the half
+   format's range may overflow: NaN and inf are accepted in those rows;
+5. dS rounded to a half format (``ds_in_input_format``) overflows where
+   |dS~| reaches the format's largest finite value: inf, and NaN after
+   inf * 0 or inf - inf, in every element of grad_query's row i and
+   grad_key's row j that such a dS_ij feeds.  Where the bound on the
+   kernel's |dS~| (the model's |dS| + e_S, or the cap's, the smaller) can
+   reach it, inf and NaN are accepted; the finite tolerance is kept, since
+   a dS that does not overflow leaves the bounds above as they are.
 """
 
 from __future__ import annotations
@@ -33,7 +50,7 @@ import numpy as np
 
 from ...engine.fast import gamma, up
 from ...formats import FLOAT32, Format
-from ._caps import backward_cap, forward_cap
+from ._caps import backward_cap, ds_kernel_bound, forward_cap
 from ._first import (
     _BLOCK,
     FirstPass,
@@ -76,6 +93,18 @@ class AttentionTolerance:
     blocks_in_output_format
         Those running sums are stored in the output format between blocks
         (PyTorch's CPU fused backward for float16 and bfloat16).
+    prescaled_operands_in_input_format
+        For float16 and bfloat16 inputs, K or Q is multiplied by a constant
+        (the scale, or scale / ln 2 for an exp2 softmax) and rounded to the
+        input format before the logits' product, and in a backward before
+        dS K and dS^T Q too (Triton's fused-attention tutorial pre-scales K
+        so in its backward; older versions pre-scale Q in the forward).
+        The logits gain u_in |s| sum_c |q_ic k_jc|, and those products
+        u_in of each term.
+
+    Rounding dS to a half format (``ds_in_input_format``) may overflow it:
+    where |dS| can reach the format's largest finite value, inf and NaN are
+    accepted in the elements of grad_query and grad_key it feeds.
     """
 
     name: str
@@ -86,6 +115,7 @@ class AttentionTolerance:
     grad_query_block: int | None = None
     grad_key_block: int | None = None
     blocks_in_output_format: bool = False
+    prescaled_operands_in_input_format: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.exp_error, (int, float)) and 0 <= self.exp_error < 2 ** 20):
@@ -135,7 +165,13 @@ class _Weights:
         heads = np.repeat(np.arange(H), L)
         flat = {name: getattr(fp, name).reshape(n, S) for name in ("unmasked", "Z", "ez", "A", "P_up")}
         add = None if pb.additive is None else pb.additive.reshape(n, S)
-        coefs = (_g(E + 4, u) * s, k, nb, _g(S + nb, u), sigma, s, E)
+        # A pre-scaled operand rounded to a half input's format: u_in of each |q k| term, and an
+        # absolute eta_in of each rounded element (item 4 of the module's docstring).
+        self.prescaled = bool(model.prescaled_operands_in_input_format and fmt.p < acc.p)
+        u_in, eta_in = (fmt.unit_roundoff, fmt.min_subnormal) if self.prescaled else (0.0, 0.0)
+        self.u_in, self.eta_in = u_in, eta_in
+        coefs = (_g(E + 4, u) * s, k, nb, _g(S + nb, u), sigma, s, E,
+                 up((1 + _g(E + 4, u)) * u_in * s), eta_in)
         step = max(1, _BLOCK // max(S, 1))
         for a in range(0, n, step):
             sl = slice(a, a + step)
@@ -157,13 +193,21 @@ class _Weights:
             qbig = sigma * np.max(np.abs(fp.Qh), axis=-1, initial=0.0) >= big
             kbig = np.any(sigma * np.max(np.abs(fp.Kh), axis=-1, initial=0.0) >= big, axis=-1)
         self.row_overflow = row | qbig | kbig[:, None]
+        if self.prescaled:
+            # k c or q c past the half format's range is inf there (c = s / ln 2 at most 1.45 s).
+            lim = fmt.max_finite / 2
+            c = 1.5 * s
+            with np.errstate(over="ignore", invalid="ignore"):
+                qpre = c * np.max(np.abs(fp.Qh), axis=-1, initial=0.0) >= lim
+                kpre = np.any(c * np.max(np.abs(fp.Kh), axis=-1, initial=0.0) >= lim, axis=-1)
+            self.row_overflow = self.row_overflow | qpre | kpre[:, None]
 
 
     def _block(self, sl: slice, f: dict[str, np.ndarray], m: np.ndarray | None, M: np.ndarray,
                rowmax: np.ndarray, l1q: np.ndarray, l1k: np.ndarray, coefs: tuple) -> None:
         """delta, r and rho of the rows ``sl`` (flattened heads and rows); ``f`` holds the first pass's rows."""
         u, eta = self.u, self.eta
-        g_logit, k, nb, g_sum, sigma, s, E = coefs
+        g_logit, k, nb, g_sum, sigma, s, E, pre, eta_in = coefs
         S = f["Z"].shape[-1]
         unmasked = f["unmasked"]
         with np.errstate(over="ignore", invalid="ignore"):
@@ -176,6 +220,8 @@ class _Weights:
             delta = (g_logit * f["A"] + 2 * u * (x_up + m_abs)
                      + 2 * u * (M_up + shift + 2 * math.log(max(S, 1)) + 1)
                      + eta * (2 * sigma * (1 + u) * (l1q[:, None] + l1k) + 4 * E) * (1 + s))
+            if pre:
+                delta = delta + pre * f["A"] + eta_in * (l1q[:, None] + l1k)
             delta = up(np.where(unmasked, delta, 0.0))
             h = np.sum(f["P_up"] * expm1_up(delta), axis=-1)
             r = (nb - 1) * (2 * (k + 2) * u + 4 * u * rowmax) if nb > 1 else np.zeros_like(h)
@@ -266,7 +312,12 @@ def _backward_shared(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fw
         e_S, dS_up = by_rows(_dS_bound_rows, pb.H, pb.L, fp.B, fp.dP, fp.e_dP, fp.P_up, rho, fp.unmasked,
                              fp.T, fp.e_T, fp.dS, fp.e_dS, e_Db, consts)
         head_big = wts.row_overflow.any(axis=-1) | np.any(fp.B >= big, axis=(-1, -2))
-    shared = (wts, e_S, dS_up, head_big)
+        ds_over = None
+        if consts[-1]:
+            # dS rounded to the half format is inf where |dS~| reaches its range (item 5 above).
+            ds_over = fp.unmasked & (np.fmin(dS_up + e_S, ds_kernel_bound(fp, wts, model, fmt, E_fwd))
+                                     >= fmt.max_finite)
+    shared = (wts, e_S, dS_up, head_big, ds_over)
     fp.bwd_cache[model] = (E_fwd, shared)
     return shared
 
@@ -279,7 +330,7 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
     fused backward reads to form D = rowsum(dO * O).
     """
     pb = fp.pb
-    wts, e_S, dS_up, head_big = _backward_shared(fp, model, fmt, E_fwd)
+    wts, e_S, dS_up, head_big, ds_over = _backward_shared(fp, model, fmt, E_fwd)
     u, eta = wts.u, wts.eta
     half = fmt.p < wts.acc.p
     u_o, eta_o = fmt.unit_roundoff, fmt.min_subnormal
@@ -314,6 +365,11 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             absY = np.abs(Y)[cop].reshape(n_own, c * rows, pb.E)
             E = s * matmul_up(X(e_S + gd * (dS_up + e_S), cop), absY) + 2 * depth * eta * (1 + s)
             bound = s * matmul_up(X(dS_up + e_S, cop), absY)
+            if wts.prescaled:
+                # The rounded pre-scaled operand multiplies dS too: u_in of each term, and its
+                # underflow eta_in / 2 times |dS| (item 4 above; c's rounding is in the depth's 6).
+                rowsum = np.sum(X(dS_up + e_S, cop), axis=-1)[..., None]
+                E = E + (1 + gd) * (wts.u_in * bound + wts.eta_in * rowsum)
             if model.blocks_in_output_format and half:
                 E = E + _g(blocks, u_o) * (bound + E)
         E = up(E * _SLACK)
@@ -322,4 +378,9 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
         cap = backward_cap(fp, wts, model, fmt, E_fwd, which, depth, blocks)
         E, bound = np.fmin(E, cap), np.fmin(bound, cap)
         overflow = (bound + E >= big) | head_big[cop].any(axis=1)[:, None, None]
+        if ds_over is not None and which != "value":
+            # A row of dS with an infinite entry makes its whole row of grad_query (or column,
+            # for grad_key) inf or NaN, in every copy it is summed over.
+            rows_over = ds_over.any(axis=-1) if which == "query" else ds_over.any(axis=-2)
+            overflow = overflow | rows_over[cop].any(axis=1)[:, :, None]
     return E, overflow

@@ -8,8 +8,19 @@ its element (its *copies*), and every copy count is the same for all the
 elements of one operand.
 
 Non-finite inputs do not enter the exact computation: their elements take
-the normal answer (:func:`normal_specials`), and a logit that the math path
+the normal answer (:func:`ieee_math_path`), and a logit that the math path
 makes -inf masks its key, as a -inf mask entry does.
+
+Two choices of semantics (docs/attention.md, "Masking semantics"):
+``masked_rows`` says what a row with no key to attend gives ("zero":
+PyTorch's 0; "mean": JAX's equal weights on the keys its mask hides, all S
+of them when the mask hides the whole row, with constant logits, so no
+gradient reaches its query or keys), and ``mask_nan`` whether a masked
+key's logit reaches the row ("propagate": PyTorch adds the mask's -inf, so a
+NaN or infinite logit under the mask makes the row NaN; "hide": JAX replaces
+masked logits, so it does not).  A "mean" row is recorded in ``uniform``:
+its masked keys become its attended ones and its query row reads as zero
+for the exact computation, which makes every logit of the row exactly 0.
 """
 
 from __future__ import annotations
@@ -29,6 +40,10 @@ from ...formats import ComplexFormat, Format
 __all__ = ["Problem", "Scale", "read_problem"]
 
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+#: What a row with no key to attend gives: PyTorch's 0, or JAX's equal weights on its masked keys.
+MASKED_ROWS = ("zero", "mean")
+#: Whether a NaN or infinite logit under the mask reaches its row: PyTorch adds the mask, JAX replaces.
+MASK_NAN = ("propagate", "hide")
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,12 @@ class Problem:
     mask_special: np.ndarray | None = None  # (H, L, S) +inf or NaN float mask entries, else None
     is_causal: bool = False
     causal_alignment: str = "top_left"
+    masked_rows: str = "zero"
+    mask_nan: str = "propagate"
+    # (H, L) bool: rows with no key to attend under masked_rows="mean" (see the module docstring).
+    uniform: np.ndarray | None = None
+    # (H, L, S) bool: the keys the mask (or is_causal) hides, before settle_masks changes ``masked``.
+    hidden: np.ndarray | None = None
 
     @property
     def H(self) -> int:
@@ -174,10 +195,24 @@ def _read_mask(attn_mask: Any) -> np.ndarray:
                     "(attend where True) or a float format (added to the logits)")
 
 
+def check_semantics(masked_rows: Any, mask_nan: Any) -> None:
+    """Raise, naming the argument, unless ``masked_rows`` and ``mask_nan`` are among their choices."""
+    op = "scaled_dot_product_attention"
+    for value, name, choices, what in (
+            (masked_rows, "masked_rows", MASKED_ROWS, "'zero' (PyTorch: a row with every key masked gives 0) or "
+             "'mean' (JAX: it gives the mean of value over the keys)"),
+            (mask_nan, "mask_nan", MASK_NAN, "'propagate' (PyTorch adds the mask, so a NaN logit under it "
+             "makes its row NaN) or 'hide' (JAX replaces masked logits)")):
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError(f"{op}: {name}={value!r} must be one of {choices}: {what}")
+
+
 def read_problem(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, is_causal: Any,
-                 scale: Any, enable_gqa: Any, causal_alignment: Any) -> Problem:
+                 scale: Any, enable_gqa: Any, causal_alignment: Any, masked_rows: Any = "zero",
+                 mask_nan: Any = "propagate") -> Problem:
     """Read and check the arguments of scaled_dot_product_attention; raise naming the bad one."""
     op = "scaled_dot_product_attention"
+    check_semantics(masked_rows, mask_nan)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"{op}: dropout_p={dropout_p!r} must be a number, and 0")
     if dropout_p != 0:
@@ -284,7 +319,7 @@ def read_problem(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: An
                    masked=masked, additive=additive, scale=sc,
                    raw={n: per_batch(a) for n, a in raw.items()},
                    mask_special=mask_special, is_causal=bool(is_causal),
-                   causal_alignment=causal_alignment)
+                   causal_alignment=causal_alignment, masked_rows=masked_rows, mask_nan=mask_nan)
 
 
 def _sign_class(x: np.ndarray) -> np.ndarray:
@@ -295,24 +330,41 @@ def _sign_class(x: np.ndarray) -> np.ndarray:
 
 def _math_path(pb: Problem, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray | None,
                additive: np.ndarray | None, dtype: type) -> dict[str, np.ndarray]:
-    """PyTorch's math path in IEEE arithmetic of ``dtype``, per head (q, k already scaled)."""
+    """The math path in IEEE arithmetic of ``dtype``, per head (q, k already scaled), under pb's semantics."""
+    masked = pb.masked if pb.hidden is None else pb.hidden
     x = np.einsum("hle,hse->hls", q, k).astype(dtype)
     if additive is not None:
         x = x + additive.astype(dtype)
     if pb.mask_special is not None:
         x = x + pb.mask_special.astype(dtype)
-    # The math path adds the mask's -inf, so an infinite logit under it becomes NaN.
-    x = x + np.where(pb.masked, -np.inf, 0.0).astype(dtype)
+    if pb.mask_nan == "hide":
+        # JAX replaces a masked logit, so whatever q k^T held there is gone.
+        x = np.where(masked, -np.inf, x).astype(dtype)
+    else:
+        # PyTorch adds the mask's -inf, so an infinite or NaN logit under it becomes NaN.
+        x = x + np.where(masked, -np.inf, 0.0).astype(dtype)
     top = np.max(x, axis=-1, keepdims=True) if pb.S else np.full(x.shape[:-1] + (1,), -np.inf, dtype)
     empty = top == -np.inf
     e = np.where(empty, 0.0, np.exp(x - np.where(empty, 0.0, top))).astype(dtype)
     total = np.sum(e, axis=-1, keepdims=True)
     P = np.where(empty, 0.0, e / np.where(empty, 1.0, total)).astype(dtype)
+    const = None
+    if pb.masked_rows == "mean":
+        # A row with nothing to attend weighs its masked keys equally (JAX's finite fill); with no
+        # masked key (every logit -inf) it is exp(-inf - -inf) = NaN.
+        n = masked.sum(axis=-1, keepdims=True)
+        uniform = np.where(n > 0, masked / np.maximum(n, 1), np.nan).astype(dtype)
+        P = np.where(empty, uniform, P).astype(dtype)
+        const = empty & masked  # constant weights: no gradient reaches their logits
     result = {"out": np.einsum("hls,hsc->hlc", P, v), "x": x}
     if g is not None:
         dP = np.einsum("hlc,hsc->hls", g, v)
         D = np.sum(dP * P, axis=-1, keepdims=True)
         dS = P * (dP - D)
+        if pb.mask_nan == "hide":
+            dS = np.where(masked, 0.0, dS)  # the gradient of a replaced logit is exactly 0
+        if const is not None:
+            dS = np.where(const, 0.0, dS)
         result["grad_query"] = np.einsum("hls,hse->hle", dS, k)
         result["grad_key"] = np.einsum("hls,hle->hse", dS, q)
         result["grad_value"] = np.einsum("hls,hlc->hsc", P, g)
@@ -320,7 +372,10 @@ def _math_path(pb: Problem, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.n
 
 
 def ieee_math_path(pb: Problem, G: np.ndarray | None) -> dict[str, np.ndarray]:
-    """Where PyTorch's math path, run in IEEE arithmetic, gives NaN or +-inf; and which logits are -inf.
+    """Where the math path, run in IEEE arithmetic, gives NaN or +-inf; and which logits are -inf.
+
+    The math path is PyTorch's, or with ``pb.masked_rows`` and ``pb.mask_nan``
+    JAX's masking (see the module docstring).
 
     Non-finite inputs decide where a special value appears: that is found on
     sign classes of the inputs (finite values replaced by their sign), where
@@ -347,7 +402,8 @@ def ieee_math_path(pb: Problem, G: np.ndarray | None) -> dict[str, np.ndarray]:
             cast = (lambda a: a.astype(dtype))
             real = _math_path(pb, cast(raw["query"][pb.qi] * (sigma * (sq or 1.0))), cast(raw["key"][pb.ki] * sigma),
                               cast(raw["value"][pb.vi]), None if G is None else cast(G), pb.additive, dtype)
-        result = {"neg_inf_logit": (signs["x"] == -np.inf) & ~pb.masked}
+        hidden = pb.masked if pb.hidden is None else pb.hidden
+        result = {"neg_inf_logit": (signs["x"] == -np.inf) & ~hidden}
         for name, where in special.items():
             value = signs[name]
             if real is not None:
@@ -362,3 +418,25 @@ def ieee_math_path(pb: Problem, G: np.ndarray | None) -> dict[str, np.ndarray]:
                 value = np.where(np.isfinite(value), 0.0, value)
             result[name] = value
     return result
+
+
+def settle_masks(pb: Problem, neg_inf_logit: np.ndarray | None) -> None:
+    """Fix ``pb.masked`` (and ``pb.uniform``) for the exact computation, in place.
+
+    A logit the math path makes -inf masks its key, as a -inf mask entry
+    does.  Under ``masked_rows="mean"`` a row left with no key to attend
+    weighs the keys its mask hides equally: they become its attended keys,
+    with constant logits, and the row is marked in ``pb.uniform``.  A row
+    whose mask hides nothing but whose every logit is -inf is NaN in JAX;
+    :func:`ieee_math_path` says so, and it stays fully masked here.
+    """
+    hidden = pb.masked if pb.hidden is None else pb.hidden
+    pb.hidden = hidden  # the backward's math path reads the mask itself, not what -inf logits added
+    masked = hidden if neg_inf_logit is None else hidden | neg_inf_logit
+    if pb.masked_rows == "mean" and pb.S:
+        uniform = masked.all(axis=-1) & hidden.any(axis=-1)
+        if uniform.any():
+            masked = masked.copy()
+            masked[uniform] = ~hidden[uniform]
+            pb.uniform = uniform
+    pb.masked = masked

@@ -9,7 +9,14 @@ Semantics are those of PyTorch's math path (``_scaled_dot_product_attention_math
   when j > i (aligned top-left), or, with ``causal_alignment="bottom_right"``,
   when j > i + S - L, as FlashAttention 2.1 and later do;
 * a row whose every key is masked gives 0, as PyTorch's ``_safe_softmax``
-  does, and its gradients are 0;
+  does, and its gradients are 0; with ``masked_rows="mean"`` it gives, as
+  JAX's finite fill does, the mean of v over its S keys (equal weights on
+  the keys its mask hides), whose logits are constants: grad_value gets
+  dO/S per key, grad_query and grad_key nothing;
+* the mask is added to the logits, so a NaN or infinite logit under it
+  (a NaN or inf in a key, say) makes its row NaN, as in PyTorch; with
+  ``mask_nan="hide"`` masked logits are replaced, as JAX does, and do not
+  reach the row;
 * batch dimensions broadcast, and with ``enable_gqa`` the heads of key and
   value are repeated (``repeat_interleave``) to the query's;
 * dropout is refused: it is random, so it has no exact value.
@@ -26,6 +33,7 @@ and derived in docs/attention.md.
 
 from __future__ import annotations
 
+import copy
 import enum
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +50,7 @@ from . import _second as second
 from ._certified import DEFAULT_BUDGET, Refiner
 from ._first import FirstPass
 from ._model import AttentionTolerance, backward_tolerance, forward_tolerance
-from ._problem import Problem, ieee_math_path, read_problem
+from ._problem import Problem, ieee_math_path, read_problem, settle_masks
 
 __all__ = ["AttentionAlgorithm", "AttentionTolerance", "scaled_dot_product_attention"]
 
@@ -76,6 +84,15 @@ class AttentionAlgorithm(enum.Enum):
     EFFICIENT_ATTENTION, CUDNN_ATTENTION
         As FLASH_ATTENTION, with the gradients accumulated in float32 to
         the end, as the GPU kernels do.
+    TRITON_FLASH_ATTENTION
+        The only member with no SDPBackend counterpart: FlashAttention-2
+        kernels in the manner of Triton's fused-attention tutorial.  The
+        forward is FLASH_ATTENTION's; the backward recomputes the weights
+        with exp2 from the forward's logsumexp (its online softmax over
+        blocks of 16 keys counted), from K * (scale / ln 2) (or Q * scale)
+        rounded to the half format, which also multiplies dS, rounds dS to
+        the half format (where it may overflow) and accumulates the
+        gradients in float32 over blocks of 16.
     """
 
     MATH = (
@@ -97,6 +114,12 @@ class AttentionAlgorithm(enum.Enum):
         AttentionTolerance("cudnn_attention", kv_block=16, weights_in_input_format=True),
         AttentionTolerance("cudnn_attention.backward", weights_in_input_format=True,
                            ds_in_input_format=True, grad_query_block=16, grad_key_block=16),
+    )
+    TRITON_FLASH_ATTENTION = (
+        AttentionTolerance("triton_flash_attention", kv_block=16, weights_in_input_format=True),
+        AttentionTolerance("triton_flash_attention.backward", kv_block=16, weights_in_input_format=True,
+                           ds_in_input_format=True, grad_query_block=16, grad_key_block=16,
+                           prescaled_operands_in_input_format=True),
     )
 
     @property
@@ -142,11 +165,13 @@ class _State:
         self.pb = pb
         self.budget = budget
         self.special_out = None
+        neg_inf_logit = None
         if pb.any_nonfinite:
             ieee = ieee_math_path(pb, None)
-            # A logit the math path makes -inf masks its key, as a -inf mask entry does.
-            pb.masked |= ieee["neg_inf_logit"]
+            neg_inf_logit = ieee["neg_inf_logit"]
             self.special_out = ieee["out"]
+        # -inf logits mask their keys; under masked_rows="mean", rows with nothing to attend turn uniform.
+        settle_masks(pb, neg_inf_logit)
         self.fp = FirstPass(pb)
         self._fwd_E: dict[AttentionTolerance, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -264,16 +289,25 @@ def _backward(st: _State, grad: Any, algorithm: AttentionAlgorithm) -> Gradients
     if pb.any_nonfinite or not np.isfinite(G_raw).all():
         specials = ieee_math_path(pb, G_raw)
     G = np.where(np.isfinite(G_raw), G_raw, 0.0)
-    fp.backward(G)
-    # Each backward gets its own passes: what they cache depends on the output gradient.
-    passes = (second.SecondPass(pb, fp, G), Refiner(pb, fp, OP, G, st.budget, second.available()))
+    groups: list[tuple[tuple[str, ...], np.ndarray, FirstPass]] = [(("query", "key", "value"), G, fp)]
+    if pb.uniform is not None:
+        # A uniform row's logits are constants, so its dS is 0: grad_query and grad_key are those of
+        # an output gradient zero on its rows, while grad_value takes the whole one.  Each group gets
+        # its own copy of the first pass, which keeps its backward's arrays.
+        G_qk = np.where(pb.uniform[..., None], 0.0, G)
+        groups = [(("query", "key"), G_qk, copy.copy(fp)), (("value",), G, copy.copy(fp))]
     E_fwd, _ = st.forward_E(algorithm.tolerance)
     results = {}
-    for which in ("query", "key", "value"):
-        enclosure = fp.grad(which)
-        E, overflow = backward_tolerance(fp, algorithm.backward_tolerance, pb.fmt, E_fwd, which)
-        special = None if specials is None else specials["grad_" + which]
-        results["grad_" + which] = _result(st, passes, which, enclosure, E, overflow, special, algorithm)
+    for names, G_group, fp_group in groups:
+        fp_group.backward(G_group)
+        # Each backward gets its own passes: what they cache depends on the output gradient.
+        passes = (second.SecondPass(pb, fp_group, G_group),
+                  Refiner(pb, fp_group, OP, G_group, st.budget, second.available()))
+        for which in names:
+            enclosure = fp_group.grad(which)
+            E, overflow = backward_tolerance(fp_group, algorithm.backward_tolerance, pb.fmt, E_fwd, which)
+            special = None if specials is None else specials["grad_" + which]
+            results["grad_" + which] = _result(st, passes, which, enclosure, E, overflow, special, algorithm)
     absent = {"grad_attn_mask": "a float attn_mask gets no gradient (ExactRef's attention, like "
                                 "PyTorch's fused kernels, treats the mask as a constant)"}
     return Gradients(f"{OP}.backward", results, absent)
@@ -283,7 +317,8 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False, *, causal_alignment: str = "top_left",
                                  algorithm: AttentionAlgorithm = AttentionAlgorithm.MATH,
-                                 refine_budget: float = DEFAULT_BUDGET) -> Result:
+                                 refine_budget: float = DEFAULT_BUDGET, masked_rows: str = "zero",
+                                 mask_nan: str = "propagate") -> Result:
     """The exact ``softmax(scale * query @ key^T + mask) @ value``, rounded once, as PyTorch's math path defines it.
 
     ``query`` is (..., L, E), ``key`` (..., S, E) and ``value`` (..., S, Ev),
@@ -295,6 +330,11 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     on each output (forward, and each gradient of a backward), in units of
     one 64-bit Arb exp (a microsecond or two); an element still undecided
     when its next refinement would pass it raises ReferenceBudgetError.
+    ``masked_rows`` and ``mask_nan`` choose PyTorch's masking semantics
+    (the defaults, "zero" and "propagate") or JAX's ("mean" and "hide"):
+    what a row with every key masked gives, and whether a NaN or infinite
+    logit under the mask reaches its row (docs/attention.md, "Masking
+    semantics").
 
     >>> import exactref as er
     >>> q = [[1.0, 0.0]]
@@ -303,7 +343,8 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     """
     algorithm = _check_algorithm(algorithm)
     budget = _check_budget(refine_budget)
-    pb = read_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment)
+    pb = read_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment,
+                      masked_rows, mask_nan)
     return _forward(_State(pb, budget), algorithm)
 
 
@@ -311,11 +352,13 @@ def _standalone_backward(query: Any, key: Any, value: Any, grad: Any, attn_mask:
                          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                          enable_gqa: bool = False, *, causal_alignment: str = "top_left",
                          algorithm: AttentionAlgorithm = AttentionAlgorithm.MATH,
-                         refine_budget: float = DEFAULT_BUDGET) -> Gradients:
+                         refine_budget: float = DEFAULT_BUDGET, masked_rows: str = "zero",
+                         mask_nan: str = "propagate") -> Gradients:
     """grad_query, grad_key and grad_value of scaled_dot_product_attention for the output gradient ``grad``."""
     algorithm = _check_algorithm(algorithm)
     budget = _check_budget(refine_budget)
-    pb = read_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment)
+    pb = read_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment,
+                      masked_rows, mask_nan)
     return _backward(_State(pb, budget), grad, algorithm)
 
 

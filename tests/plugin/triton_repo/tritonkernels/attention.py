@@ -12,8 +12,9 @@ per block of keys, walking the query rows) and one for dQ (a program per
 block of query rows, walking the keys).  Both recompute the weights as
 exp2(q . k' - M) from a K' = K * (sm_scale / ln 2) that is computed once and
 rounded to float16, as the tutorial does, and round dS = P (dP - D) to
-float16 before its matmuls.  Those two roundings are what ExactRef's
-FLASH_ATTENTION class does not budget (see docs/triton.md).
+float16 before its matmuls.  Those two roundings (and dS's overflow past
+65504) are what ExactRef's TRITON_FLASH_ATTENTION class adds to
+FLASH_ATTENTION (see docs/triton.md).
 
 Shapes: query (..., L, E), key (..., S, E), value (..., S, Ev), with batch
 dims that broadcast; every size may be anything (partial blocks are masked).

@@ -1,9 +1,4 @@
-"""What ExactRef judges: the tiled matmul, forward and backward, and the attention forward.
-
-The attention backward is judged from its own module, exactref_attention_backward,
-because it is a known failure in float16 while the forward, in the same
-format, passes (known_failures is per format).
-"""
+"""What ExactRef judges: the tiled matmul and the FlashAttention-2 style attention, forward and backward."""
 
 import exactref as er
 
@@ -27,12 +22,15 @@ ATTENTION_OPTIONS = {
     "max_side": 16, "max_batch_dims": 2, "max_batch_side": 2, "max_abs": 32.0, "specials": False,
 }
 
-ATTENTION_FORWARD = {
+ATTENTION = {
     "forward": attention.attention,
+    "backward": attention.attention_backward,
     "formats": ["float16"],
-    # Online softmax over blocks of 16 keys, weights rounded to float16 before P V.
-    "model": er.AttentionAlgorithm.FLASH_ATTENTION,
+    # Forward: FLASH_ATTENTION's (online softmax over blocks of 16 keys, weights rounded to float16
+    # before P V).  Backward: the weights recomputed with exp2 from K * sm_scale / ln 2 rounded to
+    # float16, dS rounded to float16 (and overflowing past 65504), float32 gradients over blocks of 16.
+    "model": er.AttentionAlgorithm.TRITON_FLASH_ATTENTION,
     "strategy_options": ATTENTION_OPTIONS,
 }
 
-EXACTREF_KERNELS = {"matmul": MATMUL, "scaled_dot_product_attention": ATTENTION_FORWARD}
+EXACTREF_KERNELS = {"matmul": MATMUL, "scaled_dot_product_attention": ATTENTION}

@@ -4,6 +4,8 @@ The online softmax goes wrong, if at all, between blocks of keys, and some
 errors (a float16 accumulator for P V) only show over many blocks; the
 interpreter's cost grows with blocks of queries times blocks of keys.  So:
 few query rows (the built-in strategy's max_side) against many keys.
+Triton's own square test shapes (N_CTX 128 and 256) are judged by
+tutorial_cases instead.
 """
 
 import numpy as np
