@@ -28,7 +28,8 @@ from .formats import (
 )
 from .rounding import round_float64, to_dtype
 
-__all__ = ["PROMOTIONS", "SATURATIONS", "Operand", "asarray", "available_memory", "check_readable", "operand", "promote", "values_of"]
+__all__ = ["PROMOTIONS", "SATURATIONS", "Operand", "asarray", "available_memory", "check_readable", "format_of_dtype",
+           "operand", "promote", "values_of"]
 
 _MEMORY: list[int] = []
 
@@ -92,7 +93,9 @@ def _is_torch(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "detach")
 
 
-def _torch_to_numpy(t: Any) -> np.ndarray:
+def _torch_to_numpy(t: Any, copy: bool = True) -> np.ndarray:
+    """The tensor's values as a numpy array: a copy of them unless ``copy`` is False (then
+    possibly a view of the tensor's memory, for a caller that only reads it at once)."""
     import torch
 
     t = t.detach()
@@ -105,19 +108,21 @@ def _torch_to_numpy(t: Any) -> np.ndarray:
         import ml_dtypes
 
         bits = torch.int16 if name == "bfloat16" else torch.uint8
-        return t.contiguous().view(bits).numpy().view(getattr(ml_dtypes, name)).copy()
+        values = t.contiguous().view(bits).numpy().view(getattr(ml_dtypes, name))
+        return values.copy() if copy else values
     try:
-        return t.numpy().copy()
+        return t.numpy().copy() if copy else t.numpy()
     except TypeError as exc:
         raise TypeError(f"a torch tensor of dtype {t.dtype} is not supported: {exc}") from None
 
 
-def _plain(obj: Any) -> np.ndarray:
-    """The array behind ``obj`` without any dtype change."""
+def _plain(obj: Any, copy: bool = True) -> np.ndarray:
+    """The array behind ``obj`` without any dtype change (``copy`` False: a torch tensor's may be
+    a view of its memory)."""
     if isinstance(obj, np.ndarray):
         return obj
     if _is_torch(obj):
-        return _torch_to_numpy(obj)
+        return _torch_to_numpy(obj, copy)
     if hasattr(obj, "__dlpack__") and not isinstance(obj, (list, tuple)):
         try:
             return np.from_dlpack(obj)
@@ -180,6 +185,11 @@ def asarray(obj: Any, dtype: Any = None, *, saturation: str | None = None) -> np
     if dtype is None and saturation is not None:
         raise ValueError(f"saturation={saturation!r} needs a dtype to round to, such as dtype='float8_e4m3fn'")
     check_readable(obj, "obj")
+    return _read_array(obj, fmt)
+
+
+def _read_array(obj: Any, fmt: Format | ComplexFormat | None) -> np.ndarray:
+    """:func:`asarray` of an ``obj`` that :func:`check_readable` has passed (its format inferred if None)."""
     try:
         arr = _plain(obj)
     except (TypeError, ValueError) as exc:
@@ -189,6 +199,19 @@ def asarray(obj: Any, dtype: Any = None, *, saturation: str | None = None) -> np
     if fmt is None:
         fmt = _infer_format(arr, obj)
     return convert(arr, fmt)
+
+
+_BY_DTYPE: dict[np.dtype, Format | ComplexFormat] = {}
+
+
+def format_of_dtype(dtype: np.dtype, argument: str = "dtype") -> Format | ComplexFormat:
+    """``format_of(dtype, argument=argument)`` for a numpy dtype, remembered: reading a dtype's name
+    costs microseconds, and a small op reads several operands' dtypes."""
+    fmt = _BY_DTYPE.get(dtype)
+    if fmt is None:
+        fmt = format_of(dtype, argument=argument)  # raises, naming the argument, for an unsupported dtype
+        _BY_DTYPE[dtype] = fmt
+    return fmt
 
 
 class _IntegerValues(TypeError):
@@ -221,7 +244,7 @@ def _infer_format(arr: np.ndarray, obj: Any) -> Format | ComplexFormat:
     if kind in "iub":
         raise _IntegerValues(f"obj holds {arr.dtype} values, which no supported format is; "
                              "pass dtype='float32' (or another float format) to convert them", arr.dtype)
-    return format_of(arr.dtype, argument="obj's dtype")
+    return format_of_dtype(arr.dtype, argument="obj's dtype")
 
 
 def convert(arr: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
@@ -297,13 +320,13 @@ def operand(obj: Any, name: str, *, float8: bool = False) -> Operand:
         return Operand(name, np.asarray(value), fmt, 0, value)
     check_readable(obj, name)
     try:
-        arr = asarray(obj)
+        arr = _read_array(obj, None)  # asarray(obj), without checking obj a second time
     except _IntegerValues as exc:
         raise TypeError(f"{name}: obj holds {exc.dtype} values, which no supported format is; convert it "
                         f"first with er.asarray({name}, 'float32') (or another float format)") from None
     except TypeError as exc:
         raise TypeError(f"{name}: {exc}") from None
-    fmt = format_of(arr.dtype)
+    fmt = format_of_dtype(arr.dtype)
     if fmt.name in FLOAT8_FORMATS and not float8:
         raise TypeError(f"{name} has dtype {fmt.name}, which only er.matmul and er.scaled_matmul take (PyTorch has "
                         f"no other float8 op); convert it first with er.asarray({name}, 'bfloat16'), exactly")

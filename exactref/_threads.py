@@ -15,7 +15,15 @@ Only the BLAS pools are limited: ExactRef runs no OpenMP code of its own,
 and limiting torch's OpenMP pool as well measured no further gain.
 
 An outermost entry costs about 13 microseconds (threadpoolctl's limit and
-restore, about 10 of them); a nested one well under one.
+restore, about 10 of them); a nested one well under one.  Worse, raising the
+limit back wakes OpenBLAS's workers, which then spin beside the next op: on
+2 shared cores, small matmuls (sides 1 to 8, forward, backward and covers,
+benchmarks/bench_matmul.py) ran about 1,100 a second with the limit and
+1,900 without.  So an op whose every array argument has at most ``_SMALL``
+elements takes no limit (``own_threads(limit=False)``): OpenBLAS runs such
+products on the calling thread anyway (it threads a product only above 65536
+multiply-adds, and a product of two such arrays has at most 64 * 64), so
+there is nothing for the limit to do.
 
 OpenBLAS's pthreads pool, numpy's by default, is shared by the whole
 process, so one thread at a time owns the limit: the first to enter an op
@@ -31,11 +39,14 @@ import threading
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 import threadpoolctl
 
-__all__ = ["own_threads"]
+__all__ = ["own_threads", "small"]
 
 _BLAS_THREADS = 1
+# An op whose array arguments have at most this many elements each takes no limit (see above).
+_SMALL = 64
 
 # Off only in benchmarks/bench_threads.py, which compares the two.
 _enabled = True
@@ -79,14 +90,17 @@ def _restore() -> None:
 
 
 class _OwnThreads:
-    """The context manager :func:`own_threads` returns; it keeps no state of its own, so one serves all."""
+    """The context manager :func:`own_threads` returns; it keeps no state of its own, so two serve all."""
 
-    __slots__ = ()
+    __slots__ = ("_limits",)
+
+    def __init__(self, limits: bool) -> None:
+        self._limits = limits
 
     def __enter__(self) -> None:
         depth = getattr(_local, "depth", 0)
         _local.depth = depth + 1
-        if depth == 0 and _enabled:
+        if depth == 0 and _enabled and self._limits:
             try:
                 _limit()
             except BaseException:
@@ -101,12 +115,32 @@ class _OwnThreads:
             _restore()
 
 
-_OWN = _OwnThreads()
+_OWN = _OwnThreads(True)
+_SMALL_OP = _OwnThreads(False)
 
 
-def own_threads() -> _OwnThreads:
+def own_threads(limit: bool = True) -> _OwnThreads:
     """``with own_threads():`` runs the block with numpy's BLAS on one thread, then restores the limits.
 
-    Nested entries cost a few attribute reads and change nothing.
+    Nested entries cost a few attribute reads and change nothing.  ``limit=False`` (a small op,
+    see :func:`small`) sets no limit, and an op nested in it none either.
     """
-    return _OWN
+    return _OWN if limit else _SMALL_OP
+
+
+def small(values: Any) -> bool:
+    """Whether every numpy array or torch tensor among ``values`` has at most ``_SMALL`` elements and
+    every other value is a Python number, a string or None: such an op's BLAS products run on one
+    thread without a limit.  Anything else (a list, another library's array) counts as large."""
+    for v in values:
+        if isinstance(v, np.ndarray):
+            if v.size > _SMALL:
+                return False
+        elif v is None or isinstance(v, (int, float, complex, str)):
+            continue
+        elif type(v).__module__.startswith("torch") and hasattr(v, "numel"):
+            if v.numel() > _SMALL:
+                return False
+        else:
+            return False
+    return True

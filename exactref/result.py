@@ -26,10 +26,18 @@ import numpy as np
 
 from . import _report
 from ._convert import _plain
-from ._threads import own_threads
+from ._threads import own_threads, small
 from .errors import OutOfToleranceError, ShapeMismatchError, SpecialValueError
 from .formats import FORMATS, ComplexFormat, Format, part_of
-from .rounding import above, below, next_down, next_up, round_float64, to_dtype
+from .rounding import (  # _ABS, _REL: the slack of below() and above(), which _ends applies
+    _ABS,
+    _REL,
+    above,
+    below,
+    next_down,
+    next_up,
+    round_float64,
+)
 
 __all__ = ["Gradients", "Part", "Result", "judge"]
 
@@ -50,6 +58,8 @@ class Part:
     def covers(self, got: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             inside = (self.lo <= got) & (got <= self.hi)
+        if np.isfinite(got).all():
+            return inside  # no NaN or inf to excuse: two calls instead of seven, for small outputs
         return inside | (np.isnan(got) & (self.nan_ok | self.special_ok)) | (np.isinf(got) & self.special_ok)
 
 
@@ -67,7 +77,9 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
     the outputs of such a kernel lie between the double roundings of the
     interval's ends, which are accepted as well.
     """
-    E = np.broadcast_to(np.asarray(E, dtype=np.float64), rounded.shape)
+    E = np.asarray(E, dtype=np.float64)
+    if E.shape != rounded.shape:  # np.broadcast_to costs more than the rest of a small judgement's steps
+        E = np.broadcast_to(E, rounded.shape)
     with np.errstate(invalid="ignore", over="ignore"):
         exact_needed = E == 0
         via_nan = None
@@ -75,8 +87,7 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
             # float64 outputs: one rounding of slack matters, so use nextafter.
             low, high = next_down(x_lo - E), next_up(x_hi + E)
         else:
-            low_at, high_at = below(x_lo - E, E), above(x_hi + E, E)
-            low, high = round_float64(low_at, fmt), round_float64(high_at, fmt)
+            low_at, high_at, low, high = _ends(x_lo, x_hi, E, fmt)
             if via is not None:
                 via_low = round_float64(round_float64(low_at, via), fmt)
                 via_high = round_float64(round_float64(high_at, via), fmt)
@@ -96,10 +107,14 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
             overflow_nan = high_nan | low_nan | (np.isnan(rounded) & ~np.isnan(x_lo))
             if via_nan is not None:
                 overflow_nan |= via_nan
-        lo = np.where(exact_needed, rounded, low)
-        hi = np.where(exact_needed, rounded, high)
+        if type(low) is np.ndarray and type(high) is np.ndarray and not exact_needed.any():
+            lo, hi = low, high  # (what the np.where calls below would copy: no E is 0)
+        else:
+            lo = np.where(exact_needed, rounded, low)
+            hi = np.where(exact_needed, rounded, high)
         tol = np.maximum(x_hi - lo, hi - x_lo)
-        tol = np.where(tol > 0, above(tol), 0.0)
+        # above(tol), where tol > 0 makes |tol| + 0 tol itself: two numpy calls fewer.
+        tol = np.where(tol > 0, tol + (tol * _REL + _ABS), 0.0)
     special_ok = np.zeros(rounded.shape, dtype=bool) if overflow is None else np.asarray(overflow).copy()
     nan_ok = np.zeros(rounded.shape, dtype=bool) if overflow_nan is None else overflow_nan
     tol = np.where(special_ok, np.inf, tol)
@@ -123,6 +138,31 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
     if nan_also is not None:
         nan_ok = nan_ok | nan_also
     return Part(rounded, x_lo, x_hi, lo, hi, nan_ok, special_ok, tol)
+
+
+def _ends(x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray,
+          fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``below(x_lo - E, E)``, ``above(x_hi + E, E)`` and their roundings to ``fmt``.
+
+    Both ends go through each numpy call together, stacked along a new first
+    axis: every step is elementwise, so the values are those of the separate
+    calls, and a small output (where each call's fixed cost is what counts) pays
+    half the calls.  The slack is :func:`exactref.rounding.below`'s and
+    :func:`~exactref.rounding.above`'s, ``(|v| + E) * _REL + _ABS``.
+    """
+    shape = E.shape
+    if np.shape(x_lo) != shape or np.shape(x_hi) != shape:
+        low_at, high_at = below(x_lo - E, E), above(x_hi + E, E)
+        return low_at, high_at, round_float64(low_at, fmt), round_float64(high_at, fmt)
+    v = np.empty((2,) + shape)
+    low_at, high_at = v[0, ...], v[1, ...]  # (views, 0-d ones too)
+    np.subtract(x_lo, E, out=low_at)
+    np.add(x_hi, E, out=high_at)
+    slack = (np.abs(v) + E) * _REL + _ABS
+    np.subtract(low_at, slack[0, ...], out=low_at)  # (in place: elementwise)
+    np.add(high_at, slack[1, ...], out=high_at)
+    rounded = round_float64(v, fmt)
+    return low_at, high_at, rounded[0, ...], rounded[1, ...]
 
 
 class Result:
@@ -153,7 +193,11 @@ class Result:
         self._exact = exact
         self._backward = backward
         self._no_backward = no_backward or f"{op} has no backward"
-        self.rounded: np.ndarray = to_dtype(_join(parts), fmt)
+        # Set by the op when every array argument was small (see exactref/_threads.py).
+        self._small = False
+        # The values are the format's own, so the cast is exact and raises no floating-point
+        # flag: to_dtype's np.errstate, which a small op notices, is not needed.
+        self.rounded: np.ndarray = np.asarray(_join(parts)).astype(fmt.dtype)
         if len(parts) == 1:
             self.tolerance: np.ndarray = parts[0].tolerance
         else:
@@ -186,7 +230,7 @@ class Result:
 
     def _got(self, x: Any, argument: str = "x") -> np.ndarray:
         try:
-            got = np.asarray(_plain(x))
+            got = np.asarray(_plain(x, copy=False))  # read once below, and copied by astype
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{argument}={x!r:.60} cannot be read as an array: {exc}") from None
         if got.dtype.kind not in "fciu" and got.dtype.name not in FORMATS:
@@ -235,7 +279,8 @@ class Result:
         """The gradients of this op's inputs for the output gradient ``grad``."""
         if self._backward is None:
             raise TypeError(self._no_backward)
-        with own_threads(), np.errstate(all="ignore"):
+        tiny = getattr(self, "_small", False) and small((grad,))
+        with own_threads(limit=not tiny), np.errstate(all="ignore"):
             return self._backward(grad)
 
 

@@ -22,6 +22,7 @@ path.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -57,16 +58,23 @@ _PRODUCT_MIN = 2.0 ** -968
 def gamma(n: np.ndarray | int, u: float) -> np.ndarray | float:
     """Higham's gamma_n = n*u / (1 - n*u), rounded up; inf when n*u >= 1."""
     if isinstance(n, (int, np.integer)) and not isinstance(n, bool):
-        # A scalar: the same IEEE operations in Python, without numpy's per-call overhead.
-        nu = float(n) * u
-        g = nu / (1 - nu) if nu < 1 else math.inf
-        return math.nextafter(math.nextafter(g, math.inf), math.inf)
+        return _gamma_scalar(int(n), float(u))
     n = np.asarray(n, dtype=np.float64)
     nu = n * u
     with np.errstate(divide="ignore"):
         g = np.where(nu < 1, nu / (1 - nu), np.inf)
     g = next_up(next_up(g))
     return g if g.ndim else float(g)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gamma_scalar(n: int, u: float) -> float:
+    # A scalar: the same IEEE operations in Python, without numpy's per-call overhead.  The
+    # same few (n, u) pairs come back call after call (a small op computes several), so
+    # they are remembered.
+    nu = float(n) * u
+    g = nu / (1 - nu) if nu < 1 else math.inf
+    return math.nextafter(math.nextafter(g, math.inf), math.inf)
 
 
 def up(x: np.ndarray | float) -> np.ndarray | float:
@@ -86,6 +94,8 @@ class Enclosure:
     lo: np.ndarray
     rad: np.ndarray
     S: np.ndarray
+    # lo is exactly +0 everywhere (products of narrow values), which lets the bounds skip it.
+    lo_zero: bool = False
 
 
 def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -304,8 +314,13 @@ def _in_float32_range(v: np.ndarray) -> bool:
     """Whether every nonzero |v| lies in [2**-60, 2**60], so float32 products neither under- nor overflow."""
     if v.size == 0:
         return True
-    if v.max() > 2.0 ** 60:
+    if np.maximum.reduce(v, axis=None) > 2.0 ** 60:
         return False
+    # Usually no value is zero and the smallest of all is the answer: one cheap reduction
+    # (a small op makes this check twice per product).  A NaN fails it too and is left to
+    # the masked reduction below, as is a zero.
+    if np.minimum.reduce(v, axis=None) >= 2.0 ** -60:
+        return True
     # The smallest nonzero value, without copying the nonzero ones out.
     return bool(np.min(v, initial=np.inf, where=v != 0) >= 2.0 ** -60)
 
@@ -371,13 +386,14 @@ class Right:
         self.BT: np.ndarray | None = None  # B's transpose, contiguous, once many columns are gathered
         K = B.shape[-2]
         self.K = K
+        # No floating-point exception here: |B| goes to float32 only where it fits.
+        absB = np.abs(B)
+        self.in32 = _in_float32_range(absB)
+        self.absB = absB.astype(np.float32) if self.in32 else absB
+        del absB
+        if narrow or K == 0:
+            return
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            absB = np.abs(B)
-            self.in32 = _in_float32_range(absB)
-            self.absB = absB.astype(np.float32) if self.in32 else absB
-            del absB
-            if narrow or K == 0:
-                return
             self.beta = _slice_exponent(K)
             (self.B0, self.B1), self.RB, self.lowB = _slices(B, -2, self.beta, 2)
             self.Bp = B - self.B0  # exact: the slicing is error-free
@@ -419,8 +435,9 @@ class Right:
         g = gamma(max(self.K - 1, 0), U64)
         S = self.abs_bound(A)
         # Products are exact, so float64 sums err by at most gamma_{K-1} * sum|terms|.
-        rad = up(g * S) if g else np.zeros_like(hi)
-        return Enclosure(hi, np.zeros_like(hi), rad, S)
+        # (np.zeros: np.zeros_like costs several times more for a small product.)
+        rad = up(g * S) if g else np.zeros(hi.shape)
+        return Enclosure(hi, np.zeros(hi.shape), rad, S, lo_zero=True)
 
     def _sliced(self, A: np.ndarray) -> Enclosure:
         K = self.K

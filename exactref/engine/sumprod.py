@@ -22,7 +22,9 @@ from fractions import Fraction
 import numpy as np
 
 from ..formats import Format
-from ..rounding import (
+from ..rounding import (  # _REL, _ABS: the slack of below() and above(), see _bounds_lo_zero
+    _ABS,
+    _REL,
     decide,
     enclosure_bounds,
     next_down,
@@ -179,6 +181,10 @@ class Solution:
 
 def _enclose(term: Term, shape: tuple[int, ...]) -> fast.Enclosure:
     enc = term.enclose(shape)
+    hi, lo, rad, S = enc.hi, enc.lo, enc.rad, enc.S
+    if (type(hi) is np.ndarray and type(lo) is np.ndarray and type(rad) is np.ndarray and type(S) is np.ndarray
+            and hi.shape == lo.shape == rad.shape == S.shape == shape):
+        return enc  # the usual case, without np.shape's per-call cost
     return fast.Enclosure(*(v if np.shape(v) == shape else np.broadcast_to(v, shape)
                             for v in (enc.hi, enc.lo, enc.rad, enc.S)))
 
@@ -259,7 +265,7 @@ def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:
     if not shape:
         return None
     axis = max(len(shape) - 2, 0)
-    per_row = int(np.prod(shape, dtype=np.int64)) // max(shape[axis], 1)
+    per_row = math.prod(shape) // max(shape[axis], 1)
     length = max([t.length for t in terms if isinstance(t, RowTerm) and t.length <= _SHORT_ROW] + [1])
     step = max(1, _BLOCK // max(per_row * length, 1))
     return None if step >= shape[axis] else step
@@ -270,14 +276,16 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solu
     if fmt.p == 53:
         rounded, x_lo, x_hi, decided = _decide_float64(enc.hi, enc.lo, enc.rad)
     else:
-        x_lo, x_hi = enclosure_bounds(enc.hi, enc.lo, enc.rad)
+        x_lo, x_hi = _bounds_lo_zero(enc.hi, enc.rad) if enc.lo_zero else enclosure_bounds(enc.hi, enc.lo, enc.rad)
         rounded, decided = _decide_narrow(x_lo, x_hi, fmt)
     S = np.asarray(enc.S, dtype=np.float64).reshape(shape)
     del enc
     # Fresh, writable float64 arrays (the undecided elements are written in below).
-    rounded, x_lo, x_hi = (np.require(np.asarray(v, dtype=np.float64), requirements=["C", "W", "O"]).reshape(shape)
-                           for v in (rounded, x_lo, x_hi))
-    idx = np.flatnonzero(~np.asarray(decided))
+    rounded, x_lo, x_hi = (_fresh(v).reshape(shape) for v in (rounded, x_lo, x_hi))
+    undecided = ~np.asarray(decided)
+    if not undecided.any():  # the usual case: cheaper than np.flatnonzero, which a small output notices
+        return Solution(rounded, x_lo, x_hi, S, 0)
+    idx = np.flatnonzero(undecided)
     per_row = max(1, 2 * _length(terms))
     if idx.size and per_row > _PIECES:
         # Rows too long to gather at once: exactly, a block of terms at a time.
@@ -290,6 +298,16 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solu
             _exact_round(terms, shape, idx[start:start + step], fmt,
                          rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
     return Solution(rounded, x_lo, x_hi, S, idx.size)
+
+
+def _fresh(v: np.ndarray) -> np.ndarray:
+    """``np.require(np.asarray(v, dtype=np.float64), requirements=["C", "W", "O"])``, without its
+    per-call cost (a small op pays it three times per part) where ``v`` already is such an array."""
+    if type(v) is np.ndarray and v.dtype == np.float64:
+        flags = v.flags
+        if flags.c_contiguous and flags.writeable and flags.owndata:
+            return v
+    return np.require(np.asarray(v, dtype=np.float64), requirements=["C", "W", "O"])
 
 
 def _length(terms: list[Term]) -> int:
@@ -356,6 +374,24 @@ def _exact_long(terms: list[Term], shape: tuple[int, ...], i: int, fmt: Format) 
     return (round_dyadic(n, e, fmt, negative_zero=negzero and seen), *round_dyadic_down_up(n, e))
 
 
+def _bounds_lo_zero(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``enclosure_bounds(hi, lo, rad)`` where lo is exactly +0: the same values in about half the
+    numpy calls, which are a small product's cost.
+
+    With lo = +0, ``lo - rad``, ``lo + rad`` and ``|lo| + rad`` are ``-rad``, ``rad`` and ``rad``
+    (``hi + (0 - rad)`` and ``hi - rad`` differ at most in the sign of a zero, from which
+    :func:`exactref.rounding.below` subtracts a positive slack either way).  The slack
+    ``(|v| + rad) * _REL + _ABS`` of both ends is computed at once.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        ends = np.empty((2,) + np.shape(hi))
+        low, high = ends[0, ...], ends[1, ...]  # (views, 0-d ones too)
+        np.subtract(hi, rad, out=low)
+        np.add(hi, rad, out=high)
+        slack = (np.abs(ends) + rad) * _REL + _ABS
+        return np.subtract(low, slack[0, ...]), np.add(high, slack[1, ...])
+
+
 def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
     """The rounding to ``fmt`` (p <= 51) of values in [low, high], and where both ends round alike."""
     if fmt.name != "float32" or fmt.saturates:
@@ -363,7 +399,10 @@ def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.n
     # IEEE conversion to float32 is one correct rounding: compare in float32.
     with np.errstate(over="ignore", invalid="ignore"):
         r_low, r_high = np.asarray(low).astype(np.float32), np.asarray(high).astype(np.float32)
-        decided = (r_low == r_high) & (np.signbit(r_low) == np.signbit(r_high)) & ((low > 0) | (high < 0))
+        # Equal values of one sign are equal bits (for a small output the calls are the cost).  Two
+        # NaNs of equal bits are not decided either: their bounds fail the sign test.
+        same = r_low.view(np.int32) == r_high.view(np.int32)
+        decided = same & ((low > 0) | (high < 0))
     return r_high.astype(np.float64), decided
 
 

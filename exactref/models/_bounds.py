@@ -51,10 +51,11 @@ def dot_error(S: np.ndarray, *, depth: int, acc: Format, out: Format, terms: int
     by the acceptance interval instead.  ``underflow`` adds half a subnormal
     spacing of ``acc`` per term for products that may underflow.
     """
-    k = depth - 1 if acc == out else depth
+    same = acc is out or acc == out  # (the identity test spares the dataclass comparison, usually)
+    k = depth - 1 if same else depth
     E = gamma(max(k, 0), acc.unit_roundoff) * S if k > 0 else np.zeros_like(S)
     # An underflowing rounding breaks the relative bound, unless it is the final rounding itself.
-    underflow = bool(underflow and terms and (k > 0 or acc != out))
+    underflow = bool(underflow and terms and (k > 0 or not same))
     if underflow:
         E = E + terms * acc.min_subnormal
     return up(E) if k > 0 or underflow else E
@@ -96,6 +97,10 @@ def scalar_error(value: float | complex, fmt: Format) -> float:
     """|value - value rounded to fmt| for a Python scalar (each part, summed, for complex)."""
     total = 0.0
     for part in (value.real, value.imag) if isinstance(value, complex) else (value,):
+        if part == 1 or (part == 0 and fmt.has_zero) or (part == -1 and fmt.signed):
+            # Every format holds 1 exactly (0 and -1 too, where it has them): the usual
+            # coefficients need no rounding through numpy, which a small op would pay for.
+            continue
         r = float(round_float64(np.asarray(part, dtype=np.float64), fmt))
         total += abs(part - r) if math.isfinite(r) else math.inf
     return total

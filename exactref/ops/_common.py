@@ -4,6 +4,7 @@ and turning per-part terms plus a tolerance into a Result."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -18,12 +19,14 @@ from .._convert import (
     available_memory,
     check_readable,
     convert,
+    format_of_dtype,
 )
-from .._threads import own_threads
+from .._threads import own_threads, small
 from ..engine.sumprod import Solution, Term, exact_fraction, solve, specials
-from ..formats import ComplexFormat, Format, format_of, part_of
+from ..formats import ComplexFormat, Format, part_of
 from ..models._error_model import ErrorModel
 from ..result import Gradients, Part, Result, judge
+from ._flush import flushed, flushed_backward, wants_flush
 
 __all__ = ["Op", "build", "check_bytes", "check_size", "fold_copies", "read_grad"]
 
@@ -44,15 +47,15 @@ class Op:
         functools.update_wrapper(self, forward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Result:
-        from ._flush import flushed, wants_flush  # _flush builds on Result, as this module does
-
         # Bounds use inf and NaN on purpose (an overflowing bound means "no
         # bound"), so numpy's floating-point warnings are noise to the user.
         # One BLAS thread while the op runs: see exactref/_threads.py.
-        with own_threads(), np.errstate(all="ignore"):
-            if wants_flush(kwargs):
-                return flushed(self._forward, args, kwargs)
-            return self._forward(*args, **kwargs)
+        tiny = _small_call(args, kwargs)
+        with own_threads(limit=not tiny), np.errstate(all="ignore"):
+            res = flushed(self._forward, args, kwargs) if wants_flush(kwargs) else self._forward(*args, **kwargs)
+        if tiny and isinstance(res, Result):
+            res._small = True  # its backward, for a small grad, needs no limit either
+        return res
 
     @property
     def backward(self) -> Callable[..., Gradients]:
@@ -60,11 +63,9 @@ class Op:
             raise AttributeError(self._no_backward or f"{self.__name__} has no backward")
         backward = self._backward
 
-        from ._flush import flushed_backward, wants_flush
-
         @functools.wraps(backward)
         def quiet(*args: Any, **kwargs: Any) -> Gradients:
-            with own_threads(), np.errstate(all="ignore"):
+            with own_threads(limit=not _small_call(args, kwargs)), np.errstate(all="ignore"):
                 if wants_flush(kwargs):
                     return flushed_backward(backward, args, kwargs)
                 return backward(*args, **kwargs)
@@ -74,19 +75,25 @@ class Op:
         return f"<exactref op {self.__name__}>"
 
 
+def _small_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an op's arguments are all small (exactref._threads.small), its error model aside."""
+    return small(args) and small(v for v in kwargs.values() if not isinstance(v, ErrorModel))
+
+
 def read_grad(grad: Any, fmt: Format | ComplexFormat, shape: tuple[int, ...], op: str) -> np.ndarray:
     """The output gradient as exact float64/complex128 values, checked against the output."""
     if grad is None:
         raise TypeError(f"{op}.backward needs grad, the gradient of the output; there is no default of ones")
     check_readable(grad, "grad")
-    arr = _plain(grad) if not isinstance(grad, (list, tuple, int, float, complex)) else None
+    # (No copy of a tensor's values yet: the astype below makes the one copy.)
+    arr = _plain(grad, copy=False) if not isinstance(grad, (list, tuple, int, float, complex)) else None
     if arr is None:
         arr = asarray(grad, fmt)
     else:
         arr = np.asarray(arr)
         if arr.dtype.kind not in "fc" and arr.dtype.name != "bfloat16":
             raise TypeError(f"grad has dtype {arr.dtype}; it must have {op}'s output format {fmt.name}")
-        if format_of(arr.dtype, argument="grad's dtype") != fmt:
+        if format_of_dtype(arr.dtype, argument="grad's dtype") != fmt:
             raise TypeError(f"grad has dtype {arr.dtype.name} but {op}'s output has dtype {fmt.name}; "
                             f"convert it with er.asarray(grad, {fmt.name!r})")
     if arr.shape != shape:
@@ -174,8 +181,10 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
         with np.errstate(over="ignore", invalid="ignore"):
             # Overflowing bound arithmetic yields inf, which means "no bound".
             E, overflow = ps.tolerance(sol)
-        # A bound that overflowed (inf * 0 in a formula) means no bound at all.
-        E = np.where(np.isnan(E), np.inf, np.where(E > 0, E * _SLACK, E))
+        # A bound that overflowed (inf * 0 in a formula) means no bound at all: NaN becomes inf,
+        # which fmin gives (it passes over a NaN), with one numpy call fewer than np.isnan and a
+        # second np.where.
+        E = np.where(E <= 0, E, np.fmin(E * _SLACK, np.inf))
         special = specials(ps.special_terms, shape) if ps.special_terms is not None else None
         # The last: where NaN is accepted besides the answer.
         solved.append((sol, E, overflow, special, None))
@@ -189,7 +198,9 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
             # the complex formula's operations (a BLAS may scale by alpha first): either may come.
             part.special_ok = part.special_ok | np.asarray(nan_also & overflow)
         for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
-            setattr(part, name, np.asarray(getattr(part, name)).reshape(out_shape))
+            value = getattr(part, name)
+            if type(value) is not np.ndarray or value.shape != out_shape:  # usually it is already
+                setattr(part, name, np.asarray(value).reshape(out_shape))
         parts.append(part)
 
     def exact(index: tuple[int, ...]) -> Fraction | tuple[Fraction, Fraction]:
@@ -218,7 +229,7 @@ def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None
     and the tolerance are new.
     """
     shape = sol.rounded.shape
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(shape)  # (np.prod of a tuple costs several microseconds)
     if not shape or size <= _JUDGE_BLOCK:
         return judge(sol.rounded, sol.x_lo, sol.x_hi, E, fmt, special=special, overflow=overflow,
                      nan_also=nan_also, via=via)

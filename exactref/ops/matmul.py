@@ -14,6 +14,7 @@ contraction, so each element is one dot product rounded once;
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -85,7 +86,9 @@ def _shapes(a: tuple[int, ...], b: tuple[int, ...], op: str) -> tuple[tuple, tup
         raise ValueError(f"{op}: A has shape {a} and B has shape {b}: A's last dimension ({a2[-1]}) "
                          f"must equal B's {which} dimension ({b2[-2]})")
     try:
-        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+        # Equal batch shapes (plain matrices: none) need no np.broadcast_shapes, which costs
+        # as much as the rest of this function.
+        batch = a2[:-2] if a2[:-2] == b2[:-2] else np.broadcast_shapes(a2[:-2], b2[:-2])
     except ValueError:
         raise ValueError(f"{op}: the batch dimensions of A {a2[:-2]} and B {b2[:-2]} do not broadcast") from None
     out = batch + ((a2[-2],) if len(a) > 1 else ()) + ((b2[-1],) if len(b) > 1 else ())
@@ -104,6 +107,8 @@ def _embed(X: np.ndarray, Y: np.ndarray, complex_: bool) -> list[tuple[np.ndarra
 def _product_terms(X: np.ndarray, Y: np.ndarray, coef: float | complex, fmt: Format | ComplexFormat, *,
                    drop_zero: bool) -> list[list[Term]]:
     narrow = 2 * part_of(fmt).p <= 53
+    if coef == 1 and not fmt.is_complex:
+        return [[MatmulTerm(1.0, X, Y, narrow)]]  # what scaled() gives, without its set-up
     pairs = _embed(X, Y, fmt.is_complex)
     makers = [lambda c, xy=xy: MatmulTerm(c, xy[0], xy[1], narrow) for xy in pairs]
     return [scaled(coef, makers, p, drop_zero=drop_zero) for p in range(len(pairs))]
@@ -118,9 +123,13 @@ def _array_terms(C: np.ndarray, coef: float | complex, fmt: Format | ComplexForm
     return [scaled(coef, makers, p, drop_zero=drop_zero) for p in range(len(values))]
 
 
-def _both(exact: Callable[[bool], list[list[Term]]], *arrays: np.ndarray) -> tuple[list, list | None]:
-    """The terms on finite-ized inputs, and on the real inputs where some value is not finite."""
-    special = None if all(np.isfinite(a).all() for a in arrays) else exact(False)
+def _all_finite(*arrays: np.ndarray) -> bool:
+    return all(np.isfinite(a).all() for a in arrays)
+
+
+def _both(exact: Callable[[bool], list[list[Term]]], finite: bool) -> tuple[list, list | None]:
+    """The terms on finite-ized inputs, and, unless every input is ``finite``, on the real inputs."""
+    special = None if finite else exact(False)
     return exact(True), special
 
 
@@ -187,10 +196,16 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
             may_overflow = may_overflow | overflow_possible(inner, out, depth)
         if overflow is not None:
             may_overflow = may_overflow | overflow
-        E = E + E_in + absolute
+        if not (_is_zero(E_in) and _is_zero(absolute)):  # (E is never -0, which + 0.0 would change)
+            E = E + E_in + absolute
         return E + relative * S if relative else E, may_overflow
 
     return tolerance
+
+
+def _is_zero(v: np.ndarray | float) -> bool:
+    """Whether v is the Python number 0 (not an array), whose addition can be skipped."""
+    return isinstance(v, (int, float)) and v == 0
 
 
 def _ordered_dot(dot: tuple[np.ndarray, np.ndarray], S: np.ndarray, model: ErrorModel, acc: Format, out: Format,
@@ -268,7 +283,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     shape2 = batch + (a2s[-2], b2s[-1])
     # The result's arrays (about 24 float64 per element), the operands' float64 values and
     # B's slices (6 arrays of B's size), and the blocks of rows solved at a time.
-    check_bytes(op, int(np.prod(shape2, dtype=np.int64)) * 24 * 8 + (a.array.size + 6 * b.array.size) * 8
+    check_bytes(op, math.prod(shape2) * 24 * 8 + (a.array.size + 6 * b.array.size) * 8
                 + (256 << 20), "the product")
     # Read only from here on: float64 operands are not copied again.
     A2 = values_of(a, fmt, copy=False).reshape(a2s)
@@ -297,19 +312,24 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     if use_ab:
         arrays += [A2, B2]
 
+    # Finiteness is checked once: when it holds, the finite-ized operands are the operands.
+    all_finite = _all_finite(*arrays)
+    zA, zB = (A2, B2) if all_finite or not use_ab else (zero_nonfinite(A2), zero_nonfinite(B2))
+    zC = None if not use_c else Cv if all_finite else zero_nonfinite(Cv)
+
     def terms(finite: bool) -> list[list[Term]]:
-        z = zero_nonfinite if finite else (lambda x: x)
         coef = alpha if finite else alpha_held
         parts = [[] for _ in range(2 if fmt.is_complex else 1)]
         if use_ab:
-            for p, t in enumerate(_product_terms(z(A2), z(B2), coef, fmt, drop_zero=c is not None and coef != 0)):
+            X, Y = (zA, zB) if finite else (A2, B2)
+            for p, t in enumerate(_product_terms(X, Y, coef, fmt, drop_zero=c is not None and coef != 0)):
                 parts[p] += t
         if use_c:
-            for p, t in enumerate(_array_terms(z(Cv), beta, fmt, drop_zero=True)):
+            for p, t in enumerate(_array_terms(zC if finite else Cv, beta, fmt, drop_zero=True)):
                 parts[p] += t
         return parts
 
-    exact_terms, special_terms = _both(terms, *arrays)
+    exact_terms, special_terms = _both(terms, all_finite)
     # Without A @ B a part is beta * C alone: two products summed for a complex beta.
     n = a2s[-1] * (2 if fmt.is_complex else 1) if use_ab else (2 if _alpha_depth(beta) == 2 else 1)
     extra = (_alpha_depth(alpha) if use_ab and c is not None else 0) + (1 if use_c and use_ab else 0)
@@ -346,14 +366,15 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
         if fmt.is_complex:
             inner = inner * 2
         scaled_overflow = np.broadcast_to(inner * 1.01 >= acc.max_finite, shape2)
-    dot = (zero_nonfinite(A2), zero_nonfinite(B2)) if use_ab and not fmt.is_complex else None
+    dot = (zA, zB) if use_ab and not fmt.is_complex else None
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, rows=rows, overflow=scaled_overflow,
                      coef=alpha if use_ab and c is not None else 1.0, absolute=scaled_underflow + vanished,
                      dot=dot, tin_exact=tin_exact)
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
 
     def backward(grad: Any) -> Gradients:
-        return _backward(op, a, b, c, grad, fmt, alpha, beta, model)
+        # The forward has checked that A and B are finite: the backward need only check grad.
+        return _backward(op, a, b, c, grad, fmt, alpha, beta, model, ab_finite=use_ab and all_finite)
 
     typical = _typical(dot, fin, model) if c is None and rows is None else None
     return build(op, fmt, shape2, specs, model, out_shape=out_shape, backward=backward, typical=typical)
@@ -391,6 +412,8 @@ def _fold(X: np.ndarray, Y: np.ndarray, own: tuple[int, ...]) -> tuple[np.ndarra
     """
     full = X.shape[:-2]
     nb = len(full)
+    if nb == 0:
+        return X, Y, 1  # plain matrices: nothing to fold (the general path returns views like these)
     padded = (1,) * (nb - len(own)) + tuple(own)
     reduce_axes = [i for i in range(nb) if padded[i] == 1 and full[i] != 1]
     keep = [i for i in range(nb) if i not in reduce_axes]
@@ -402,25 +425,39 @@ def _fold(X: np.ndarray, Y: np.ndarray, own: tuple[int, ...]) -> tuple[np.ndarra
     return Xp, Yp, copies
 
 
+def _broadcast(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``np.broadcast_to(x, shape)``: a read-only view, made without np.broadcast_to's per-call cost
+    (several times that of the rest of a small backward's set-up) where x has the shape already."""
+    if x.shape != shape:
+        return np.broadcast_to(x, shape)
+    view = x.view()
+    view.flags.writeable = False
+    return view
+
+
 def _mT(x: np.ndarray) -> np.ndarray:
     return np.swapaxes(x, -1, -2)
 
 
 def _backward(op: str, a: Operand, b: Operand, c: Operand | None, grad: Any, fmt: Format | ComplexFormat,
-              alpha: float | complex, beta: float | complex, model: ErrorModel) -> Gradients:
+              alpha: float | complex, beta: float | complex, model: ErrorModel, *,
+              ab_finite: bool = False) -> Gradients:
+    """The gradients; ``ab_finite``: A and B are known to hold finite values only."""
     a2s, b2s, batch, out_shape = _shapes(a.shape, b.shape, op)
     shape2 = batch + (a2s[-2], b2s[-1])
     G_out = read_grad(grad, fmt, out_shape, op)
-    G = np.broadcast_to(G_out.reshape(shape2), shape2)
-    A2 = np.broadcast_to(values_of(a, fmt, copy=False).reshape(a2s), batch + a2s[-2:])
-    B2 = np.broadcast_to(values_of(b, fmt, copy=False).reshape(b2s), batch + b2s[-2:])
+    G = _broadcast(G_out.reshape(shape2), shape2)
+    A2 = _broadcast(values_of(a, fmt, copy=False).reshape(a2s), batch + a2s[-2:])
+    B2 = _broadcast(values_of(b, fmt, copy=False).reshape(b2s), batch + b2s[-2:])
     both_batched = len(a.shape) >= 3 and len(b.shape) >= 3
     conj_alpha = alpha.conjugate() if isinstance(alpha, complex) else alpha
+    # Both products' operands are finite when A, B and grad are (folding and conj keep that).
+    finite = _all_finite(G) if ab_finite else None
     results = {
         "grad_A": _grad_product(op, "grad_A", G, np.conj(_mT(B2)), a2s[:-2], conj_alpha, fmt, a.shape,
-                                model, both_batched),
+                                model, both_batched, finite),
         "grad_B": _grad_product(op, "grad_B", np.conj(_mT(A2)), G, b2s[:-2], conj_alpha, fmt, b.shape,
-                                model, both_batched),
+                                model, both_batched, finite),
     }
     if c is not None:
         conj_beta = beta.conjugate() if isinstance(beta, complex) else beta
@@ -430,18 +467,22 @@ def _backward(op: str, a: Operand, b: Operand, c: Operand | None, grad: Any, fmt
 
 def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[int, ...],
                   coef: float | complex, fmt: Format | ComplexFormat, shape: tuple[int, ...],
-                  model: ErrorModel, both_batched: bool) -> Result:
+                  model: ErrorModel, both_batched: bool, finite: bool | None = None) -> Result:
+    """One of ``X @ Y``'s gradients; ``finite``: whether X and Y are finite, if the caller knows."""
     Xf, Yf, copies = _fold(X, Y, own)
     check_size(op, Xf.size + Yf.size, f"{name}")
     fin = part_of(fmt)
 
-    def terms(finite: bool) -> list[list[Term]]:
-        z = zero_nonfinite if finite else (lambda v: v)
-        # Autograd multiplies by alpha in opmath, where a tiny one is 0 and makes 0 * inf = NaN.
-        return _product_terms(z(Xf), z(Yf), coef if finite else held(coef, opmath_format(fin)), fmt,
-                              drop_zero=False)
+    # Finiteness is checked once: when it holds, the finite-ized operands are the operands.
+    all_finite = _all_finite(Xf, Yf) if finite is None else finite
+    zX, zY = (Xf, Yf) if all_finite else (zero_nonfinite(Xf), zero_nonfinite(Yf))
 
-    exact_terms, special_terms = _both(terms, Xf, Yf)
+    def terms(finite: bool) -> list[list[Term]]:
+        # Autograd multiplies by alpha in opmath, where a tiny one is 0 and makes 0 * inf = NaN.
+        return _product_terms(zX if finite else Xf, zY if finite else Yf,
+                              coef if finite else held(coef, opmath_format(fin)), fmt, drop_zero=False)
+
+    exact_terms, special_terms = _both(terms, all_finite)
     n = Xf.shape[-1] * (2 if fmt.is_complex else 1)
     rounded_partials = model.autograd_roundings and both_batched and copies > 1
     extra = _alpha_depth(coef)
@@ -456,12 +497,12 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
     inner_overflow = None
     if coef == 0:
         # grad @ B^H is still computed, then multiplied by zero: its overflow makes NaN.
-        absX, absY = (np.abs(zero_nonfinite(v)) for v in (Xf, Yf))
+        absX, absY = np.abs(zX), np.abs(zY)
         with np.errstate(over="ignore"):
             inner = absX @ absY
         # ... and PyTorch stores it in the output format before the multiply.
         inner_overflow = inner * 1.01 >= min(accumulation_format(model, fin).max_finite, fin.max_finite)
-    dot = None if fmt.is_complex else (zero_nonfinite(Xf), zero_nonfinite(Yf))
+    dot = None if fmt.is_complex else (zX, zY)
     # The gradients are float32 matmuls too: under TF32 their operands are rounded first.
     rows, tin_exact = _input_rounding(Xf, Yf, fin, model)
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, copies=copies,
@@ -489,7 +530,7 @@ def _grad_scaled_sum(op: str, G: np.ndarray, shape: tuple[int, ...], coef: float
         k = coef if finite else held(coef, opmath_format(fin))
         return [scaled(k, makers, p, drop_zero=False) for p in range(len(values))]
 
-    exact_terms, special_terms = _both(terms, folded)
+    exact_terms, special_terms = _both(terms, _all_finite(folded))
     acc = accumulation_format(model, fin)
     extra = _alpha_depth(coef)
     rel = scalar_relative_error(coef, fin)

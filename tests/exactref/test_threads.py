@@ -29,6 +29,13 @@ def blas_threads() -> list[int]:
 pytestmark = pytest.mark.skipif(not blas_threads(), reason="threadpoolctl sees no BLAS library in this process")
 
 
+@pytest.fixture(autouse=True)
+def limit_small_ops_too(monkeypatch):
+    """These tests use tiny arrays, which ExactRef leaves unlimited (test_threads_small.py): count
+    every array as large, so that the limiting itself is what they test."""
+    monkeypatch.setattr(threads, "_SMALL", -1)
+
+
 @pytest.fixture
 def outer():
     """Run the test under a BLAS limit of OUTER threads, as a user's own setting."""
