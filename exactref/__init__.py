@@ -3,6 +3,7 @@
 from . import models
 from ._convert import asarray
 from .errors import (
+    DtypeMismatchWarning,
     MismatchError,
     OutOfToleranceError,
     ReferenceBudgetError,
@@ -32,6 +33,7 @@ __all__ = [
     "AttentionAlgorithm",
     "FORMATS",
     "ComplexFormat",
+    "DtypeMismatchWarning",
     "ErrorModel",
     "Format",
     "Gradients",

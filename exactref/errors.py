@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "DtypeMismatchWarning",
     "MismatchError",
     "OutOfToleranceError",
     "ReferenceBudgetError",
@@ -61,3 +62,10 @@ class SpecialValueError(MismatchError):
 
 class ShapeMismatchError(MismatchError):
     """The output has the wrong shape."""
+
+
+class DtypeMismatchWarning(UserWarning):
+    """``covers`` got an array of another dtype than the result's: it judges the values, and says so.
+
+    ``check`` raises :class:`ShapeMismatchError` with the same explanation.
+    """

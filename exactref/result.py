@@ -18,6 +18,7 @@ Each real part of an output carries, per element:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 from . import _report
 from ._convert import _plain
 from ._threads import own_threads, small
-from .errors import OutOfToleranceError, ShapeMismatchError, SpecialValueError
+from .errors import DtypeMismatchWarning, OutOfToleranceError, ShapeMismatchError, SpecialValueError
 from .formats import FORMATS, ComplexFormat, Format, part_of
 from .rounding import (  # _ABS, _REL: the slack of below() and above(), which _ends applies
     _ABS,
@@ -250,10 +251,15 @@ class Result:
         """A bool array of the output's shape: True where ``x`` is acceptable.
 
         ``x`` is a torch tensor (any device), a numpy array or a list.  Only
-        the values are judged; :meth:`check` also refuses an array of another
-        dtype than the result's, and says why.
+        the values are judged; an array of another dtype than the result's
+        gets a :class:`DtypeMismatchWarning` saying why that may be (and
+        :meth:`check` refuses it).
         """
-        ok = self._covers_parts(self._got(x))
+        got = self._got(x)
+        wrong = _dtype_mismatch(x, self)
+        if wrong:
+            warnings.warn(wrong, DtypeMismatchWarning, stacklevel=2)
+        ok = self._covers_parts(got)
         return ok[0] if len(ok) == 1 else ok[0] & ok[1]
 
     def check(self, x: Any, *, worst: int = 5) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -83,7 +85,11 @@ def test_check_refuses_an_array_of_another_dtype_and_names_numpys_promotion():
     assert got.dtype == np.float32
     result = er.add(x, y)
     assert result.dtype == np.float16
-    assert result.covers(got).all()  # covers() judges values only
+    with pytest.warns(er.DtypeMismatchWarning, match="numpy 2 promotes a float16 array with a float32 0-d array"):
+        assert result.covers(got).all()  # covers() judges the values, and says the dtype differs
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the result's own dtype, or a list: nothing to say
+        assert result.covers(got.astype(np.float16)).all() and result.covers([3.0, 3.0, 3.0]).all()
     with pytest.raises(er.ShapeMismatchError) as info:
         result.check(got)
     text = str(info.value)
