@@ -301,7 +301,14 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
     except BaseException as exc:  # every failure Hypothesis reports is the cell's result
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        run.failures = _distinct(_flatten(exc))
+        members = _flatten(exc)
+        if any(isinstance(e, _OutOfTime) for e in members):
+            # Hypothesis reported the time running out beside other failures, in one group: it is
+            # the end of the search, not a failure, and the others are reported by their smallest cases.
+            run.failures = _distinct([e for _, kept in smallest.values() for e in _flatten(kept)])
+            run.cut_short = True
+        else:
+            run.failures = _distinct(members)
     run.seconds = time.perf_counter() - start
     return run
 
