@@ -28,7 +28,12 @@ import numpy as np
 from . import _report
 from ._convert import _plain
 from ._threads import own_threads, small
-from .errors import DtypeMismatchWarning, OutOfToleranceError, ShapeMismatchError, SpecialValueError
+from .errors import (
+    DtypeMismatchWarning,
+    OutOfToleranceError,
+    ShapeMismatchError,
+    SpecialValueError,
+)
 from .formats import FORMATS, ComplexFormat, Format, part_of
 from .rounding import (  # _ABS, _REL: the slack of below() and above(), which _ends applies
     _ABS,

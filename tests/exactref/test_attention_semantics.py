@@ -139,6 +139,14 @@ def _covered(result, out, grads, g) -> tuple[bool, bool]:
     return bool(result.covers(out).all()), all(bool(back[n].covers(grads[n]).all()) for n in GRADS)
 
 
+def _each_covered_only_under_its_own(default, jaxlike, torch_res, jax_res, g) -> None:
+    """torch's output covered under the default semantics and not JAX's, and JAX's the reverse, both directions."""
+    assert _covered(default, *torch_res, g) == (True, True)
+    assert _covered(jaxlike, *jax_res, g) == (True, True)
+    assert _covered(default, *jax_res, g) == (False, False)
+    assert _covered(jaxlike, *torch_res, g) == (False, False)
+
+
 def _special_case(bad: float):
     """Key 1 holds ``bad``: row 0 attends it, row 1 masks it, row 2 masks every key.
 
@@ -170,10 +178,7 @@ def test_special_key_spreads_as_each_kernel_spreads_it(bad):
     assert np.asarray(jaxlike.rounded)[1].tolist() == _round(tame)[1].tolist()
     assert np.asarray(jaxlike.rounded)[2].tolist() == _round(np.array(
         [sum((Fraction(float(x)) for x in v[:, c]), Fraction(0)) / 3 for c in range(2)], dtype=object)).tolist()
-    assert _covered(default, torch_out, torch_grads, g) == (True, True)
-    assert _covered(jaxlike, jax_out, jax_grads, g) == (True, True)
-    assert _covered(default, jax_out, jax_grads, g) == (False, False)
-    assert _covered(jaxlike, torch_out, torch_grads, g) == (False, False)
+    _each_covered_only_under_its_own(default, jaxlike, (torch_out, torch_grads), (jax_out, jax_grads), g)
 
 
 def test_nan_query_of_a_fully_masked_row_is_hidden_in_its_output_not_in_grad_key():
@@ -187,10 +192,7 @@ def test_nan_query_of_a_fully_masked_row_is_hidden_in_its_output_not_in_grad_key
     assert np.isnan(jax_grads["grad_key"][:, 0]).all() and np.isfinite(jax_grads["grad_key"][:, 1]).all()
     default = er.scaled_dot_product_attention(q, k, v, mask)
     jaxlike = er.scaled_dot_product_attention(q, k, v, mask, **JAX)
-    assert _covered(default, torch_out, torch_grads, g) == (True, True)
-    assert _covered(jaxlike, jax_out, jax_grads, g) == (True, True)
-    assert _covered(default, jax_out, jax_grads, g) == (False, False)
-    assert _covered(jaxlike, torch_out, torch_grads, g) == (False, False)
+    _each_covered_only_under_its_own(default, jaxlike, (torch_out, torch_grads), (jax_out, jax_grads), g)
 
 
 def test_nan_value_reaches_every_row_but_not_the_query_gradient_of_a_mean_row():
@@ -209,10 +211,7 @@ def test_nan_value_reaches_every_row_but_not_the_query_gradient_of_a_mean_row():
     # No logit is NaN here, so masked_rows alone decides: its constant weights take no gradient.
     mean_only = er.scaled_dot_product_attention(q, k, v, mask, masked_rows="mean")
     assert _covered(mean_only, jax_out, jax_grads, g) == (True, True)
-    assert _covered(default, torch_out, torch_grads, g) == (True, True)
-    assert _covered(jaxlike, jax_out, jax_grads, g) == (True, True)
-    assert _covered(default, jax_out, jax_grads, g) == (False, False)
-    assert _covered(jaxlike, torch_out, torch_grads, g) == (False, False)
+    _each_covered_only_under_its_own(default, jaxlike, (torch_out, torch_grads), (jax_out, jax_grads), g)
 
 
 def test_fully_masked_row_each_kernel_covered_only_under_its_semantics():
@@ -221,10 +220,7 @@ def test_fully_masked_row_each_kernel_covered_only_under_its_semantics():
     jax_out, jax_grads = _jax(q, k, v, mask, g)
     default = er.scaled_dot_product_attention(q, k, v, mask)
     jaxlike = er.scaled_dot_product_attention(q, k, v, mask, **JAX)
-    assert _covered(default, torch_out, torch_grads, g) == (True, True)
-    assert _covered(jaxlike, jax_out, jax_grads, g) == (True, True)
-    assert _covered(default, jax_out, jax_grads, g) == (False, False)
-    assert _covered(jaxlike, torch_out, torch_grads, g) == (False, False)
+    _each_covered_only_under_its_own(default, jaxlike, (torch_out, torch_grads), (jax_out, jax_grads), g)
     # mask_nan alone changes nothing without special values; masked_rows alone makes the difference.
     assert _covered(er.scaled_dot_product_attention(q, k, v, mask, masked_rows="mean"), jax_out, jax_grads, g) \
         == (True, True)

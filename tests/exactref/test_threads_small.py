@@ -9,39 +9,18 @@ ExactRef's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 import pytest
-import threadpoolctl
 import torch
 
 import exactref as er
 import exactref._threads as threads
 
-OUTER = 3
-
-
-def blas_threads() -> list[int]:
-    return [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
-
+# The outer limit, the reader of the limits and the spy are test_threads.py's (its autouse fixture,
+# which counts every array as large, is not imported: here the small ones are the point).
+from .test_threads import OUTER, blas_threads, outer, spy  # noqa: F401  (outer: a fixture)
 
 pytestmark = pytest.mark.skipif(not blas_threads(), reason="threadpoolctl sees no BLAS library in this process")
-
-
-@pytest.fixture
-def outer():
-    with threadpoolctl.threadpool_limits(limits=OUTER, user_api="blas"):
-        assert set(blas_threads()) == {OUTER}
-        yield
-
-
-def spy(record: list[list[int]], inner: Callable[..., Any]) -> Callable[..., Any]:
-    def f(*args: Any, **kwargs: Any) -> Any:
-        record.append(blas_threads())
-        return inner(*args, **kwargs)
-    return f
 
 
 SMALL = np.arange(64, dtype=np.float32).reshape(8, 8) / 7  # _SMALL elements: the largest small array
