@@ -41,13 +41,48 @@ _NEG_INF = -np.inf
 _POS_INF = np.inf
 
 
+# Arrays at least this large step by integer arithmetic on their bits (see _step).
+_BITS_MIN = 2048
+
+
 def next_down(x: np.ndarray) -> np.ndarray:
     """The largest float64 below ``x``: a lower bound for a value ``x`` approximates to nearest."""
+    if type(x) is np.ndarray and x.dtype == np.float64 and x.size >= _BITS_MIN:
+        return _step(x, up=False)
     return np.nextafter(x, _NEG_INF)
 
 
 def next_up(x: np.ndarray) -> np.ndarray:
+    if type(x) is np.ndarray and x.dtype == np.float64 and x.size >= _BITS_MIN:
+        return _step(x, up=True)
     return np.nextafter(x, _POS_INF)
+
+
+def _step(x: np.ndarray, *, up: bool) -> np.ndarray:
+    """``np.nextafter(x, +-inf)`` for a float64 array, the same values, several times faster.
+
+    Finite float64 values are ordered as their bits are, as sign and magnitude: the next value
+    up is the bits plus one for a positive value (+0 included) and minus one for a negative
+    one.  -0 is made +0 first (``x + 0.0``; for the next value down, ``-(0.0 - x)`` makes +0
+    into -0).  An array holding an infinity or a NaN (where the bits would run into the other
+    special values) takes np.nextafter.
+    """
+    if not (np.isfinite(np.maximum.reduce(x, axis=None)) and np.isfinite(np.minimum.reduce(x, axis=None))):
+        return np.nextafter(x, _POS_INF if up else _NEG_INF)
+    if up:
+        y = np.add(x, 0.0)
+    else:
+        y = np.subtract(0.0, x)
+        np.negative(y, out=y)
+    bits = y.view(np.int64)
+    # +1 for a positive value (sign bit clear), -1 for a negative one; the other way down.
+    delta = np.right_shift(bits, 63)  # 0 or -1
+    np.bitwise_or(delta, 1, out=delta)  # 1 or -1
+    if up:
+        np.add(bits, delta, out=bits)
+    else:
+        np.subtract(bits, delta, out=bits)
+    return y
 
 
 # Relative and absolute slack covering the roundings of a few float64 operations.

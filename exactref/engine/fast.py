@@ -106,6 +106,25 @@ def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s, e
 
 
+def _two_sum_into(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`two_sum` of fresh float64 arrays of one shape, whose memory it reuses (a and b are lost):
+    the same operations, one temporary instead of five."""
+    s = a + b
+    bb = s - a
+    np.subtract(b, bb, out=b)
+    np.subtract(s, bb, out=bb)
+    np.subtract(a, bb, out=a)
+    np.add(a, b, out=a)
+    return s, a
+
+
+def _up_into(x: np.ndarray) -> np.ndarray:
+    """:func:`up` of a fresh float64 array, in place."""
+    np.multiply(x, 1 + 2.0 ** -50, out=x)
+    np.add(x, 2.0 ** -1070, out=x)
+    return x
+
+
 def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     c = _SPLITTER * a
     hi = c - (c - a)
@@ -228,11 +247,20 @@ def _sum_block(block: np.ndarray, narrow: bool) -> tuple[np.ndarray, np.ndarray,
     """(hi, lo, rad, S) for each row of a 2-D block: ``|sum - (hi + lo)| <= rad``, ``sum|x| <= S``."""
     T = block.shape[1]
     g = gamma(_SUM_WIDTH - 1, U64)
-    S, levels = _grouped_sum(np.abs(block))
+    if narrow and T >= _FUSED_MIN:
+        # The first level of both sums in one pass over the block, a few columns at a time;
+        # then the same levels as _grouped_sum.
+        first, first_abs = _first_level(block)
+        S, levels = _grouped_sum(first_abs, 1)
+        total, _ = _grouped_sum(first, 1)
+    elif narrow:
+        S, levels = _grouped_sum(np.abs(block))
+        total, _ = _grouped_sum(block)
+    else:
+        S, levels = _grouped_sum(np.abs(block))
     # The computed sums of |x| are at least (1 - levels g) times the exact ones.
     S = up(S * (1 + 2 * levels * g))
     if narrow:
-        total, levels = _grouped_sum(block)
         return total, np.zeros_like(total), up(2 * levels * g * S), S
     x = block.astype(np.float64)
     # Two slices of beta bits sum exactly in any order (T of them stay below 2**53 units);
@@ -251,10 +279,45 @@ def _sum_block(block: np.ndarray, narrow: bool) -> tuple[np.ndarray, np.ndarray,
     return hi, lo, np.where(lowest > -4096, rad, np.inf), S
 
 
-def _grouped_sum(x: np.ndarray) -> tuple[np.ndarray, int]:
-    """Row sums of a 2-D x in float64, by levels of groups of _SUM_WIDTH, and the number of levels."""
+# Blocks at least this long take _first_level; its passes cover about this many float64 values.
+_FUSED_MIN = 1 << 12
+_FUSED_CHUNK = 1 << 17
+
+
+def _first_level(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first level of ``_grouped_sum(block)`` and of ``_grouped_sum(np.abs(block))``, the same
+    values, in one pass over the block without a temporary of its size.
+
+    numpy adds the groups of a (rows, 64, m) array over its middle axis one after the other
+    (for m >= 2), whatever the dtype it casts from: cache-sized bunches of whole columns
+    (at least 2, widened to float64 first) are added the same way.
+    """
+    rows, T = block.shape
+    pad = (-T) % _SUM_WIDTH
+    cur = np.concatenate([block, np.zeros((rows, pad), dtype=block.dtype)], axis=1) if pad else block
+    m = cur.shape[1] // _SUM_WIDTH
+    view = cur.reshape(rows, _SUM_WIDTH, m)
+    step = max(2, _FUSED_CHUNK // (_SUM_WIDTH * rows))
+    starts = list(range(0, m, step))
+    if len(starts) > 1 and m - starts[-1] < 2:
+        starts.pop()  # no bunch of one column (numpy would add it pairwise): the last one takes it
+    ends = starts[1:] + [m]
+    buf = np.empty((rows, _SUM_WIDTH, max(e - b for b, e in zip(starts, ends))))
+    first, first_abs = np.empty((rows, m)), np.empty((rows, m))
+    for j0, j1 in zip(starts, ends):
+        part = buf[:, :, :j1 - j0]
+        np.copyto(part, view[:, :, j0:j1])
+        np.add.reduce(part, axis=1, out=first[:, j0:j1])
+        np.abs(part, out=part)
+        np.add.reduce(part, axis=1, out=first_abs[:, j0:j1])
+    return first, first_abs
+
+
+def _grouped_sum(x: np.ndarray, levels: int = 0) -> tuple[np.ndarray, int]:
+    """Row sums of a 2-D x in float64, by levels of groups of _SUM_WIDTH, and the number of levels
+    (``levels`` of which made x)."""
     rows = x.shape[0]
-    cur, levels = x, 0
+    cur = x
     while cur.shape[1] > 1:
         pad = (-cur.shape[1]) % _SUM_WIDTH
         if pad:
@@ -330,21 +393,25 @@ def _slice_exponent(K: int) -> int:
     return max(1, (53 - max(K - 1, 1).bit_length()) // 2)
 
 
-def _slices(X: np.ndarray, axis: int, beta: int, count: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+def _slices(X: np.ndarray, axis: int, beta: int, count: int,
+            abs_x: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """Cut ``X`` into ``count`` slices along ``axis`` plus a remainder, whose sum is ``X`` exactly.
 
     Each slice holds, per row (or column), multiples of a power of two
     ``2**unit`` of magnitude at most ``2**beta`` units.  Also returns, per
     row, the lowest unit exponent used, or a large negative value where the
     slicing is not error-free (values too large or too small for the
-    shifting trick).  The slices of an all-zero row are zero.
+    shifting trick).  The slices of an all-zero row are zero.  ``abs_x``
+    may pass ``|X|``, already computed.
     """
     out = []
     rest = X
     ok = np.ones(np.delete(X.shape, axis % X.ndim), dtype=bool)
     lowest = np.full(ok.shape, 4096, dtype=np.int64)
-    for _ in range(count):
-        mu = np.max(np.abs(rest), axis=axis, keepdims=True, initial=0.0)  # an empty sum (K = 0) has no slices
+    for i in range(count):
+        a = abs_x if i == 0 and abs_x is not None else np.abs(rest)
+        mu = np.max(a, axis=axis, keepdims=True, initial=0.0)  # an empty sum (K = 0) has no slices
+        del a
         ex = np.frexp(mu)[1].astype(np.int64)  # 2**ex > mu
         unit = ex - beta
         # fl(fl(x + sigma) - sigma) rounds x to a multiple of ulp(sigma) = 2**unit
@@ -352,9 +419,11 @@ def _slices(X: np.ndarray, axis: int, beta: int, count: int) -> tuple[list[np.nd
         # sigma must be a normal float64 whose ulp is 2**unit.
         usable = (unit + 53 >= -1020) & (unit + 53 <= 1020) & (mu > 0)
         sigma = np.where(usable, np.ldexp(0.75, np.clip(unit + 53, -1020, 1020)), 0.0)
-        piece = (rest + sigma) - sigma
+        piece = rest + sigma
+        np.subtract(piece, sigma, out=piece)
         out.append(piece)
-        rest = rest - piece
+        # (The first rest is X itself, which is not to be written.)
+        rest = rest - piece if i == 0 else np.subtract(rest, piece, out=rest)
         usable = usable.squeeze(axis)
         lowest = np.minimum(lowest, np.where(usable, unit.squeeze(axis), 4096))
         ok &= usable | (mu.squeeze(axis) == 0)
@@ -390,41 +459,47 @@ class Right:
         absB = np.abs(B)
         self.in32 = _in_float32_range(absB)
         self.absB = absB.astype(np.float32) if self.in32 else absB
-        del absB
         if narrow or K == 0:
             return
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             self.beta = _slice_exponent(K)
-            (self.B0, self.B1), self.RB, self.lowB = _slices(B, -2, self.beta, 2)
+            (self.B0, self.B1), self.RB, self.lowB = _slices(B, -2, self.beta, 2, absB)
             self.Bp = B - self.B0  # exact: the slicing is error-free
             g = 1 + 2 * gamma(K, U64)  # a float64 sum of K terms errs by at most gamma_K relative
             self.rows = np.concatenate([
                 np.max(np.abs(self.RB), axis=-2, keepdims=True, initial=0.0),
                 up(np.sum(np.abs(self.Bp), axis=-2, keepdims=True) * g),
-                up(np.sum(np.abs(B), axis=-2, keepdims=True) * g)], axis=-2)
+                up(np.sum(absB, axis=-2, keepdims=True) * g)], axis=-2)
+            del absB
 
     def out_shape(self, A: np.ndarray) -> tuple[int, ...]:
         return np.broadcast_shapes(A.shape[:-2], self.B.shape[:-2]) + (A.shape[-2], self.B.shape[-1])
 
-    def abs_bound(self, A: np.ndarray) -> np.ndarray:
+    def abs_bound(self, A: np.ndarray, absA: np.ndarray | None = None) -> np.ndarray:
         """An upper bound on ``|A| @ |B|``, from a float32 product where that is safe.
 
         A float32 product is about twice as fast as a float64 one.  Its inputs'
         rounding (relative u each), its summation (gamma_K) and its underflows
         (half a subnormal per term) are paid for explicitly; values outside
         [2**-60, 2**60] could underflow or overflow, so those take float64.
+        ``absA`` may pass ``|A|``, already computed.
         """
         K = self.K
         if K == 0:
             return np.zeros(self.out_shape(A))
-        absA = np.abs(A)
+        if absA is None:
+            absA = np.abs(A)
         if not (self.in32 and _in_float32_range(absA)):
             # |B| in float32 is rounded: take it again, exactly.
             absB = np.abs(self.B) if self.in32 else self.absB
             return up((absA @ absB) / (1 - gamma(K, U64)))
         S32 = absA.astype(np.float32) @ self.absB
         u32 = 2.0 ** -24
-        return up(S32.astype(np.float64) * ((1 + u32) ** 2 * (1 + gamma(K, u32))) + K * 2.0 ** -149)
+        S = S32.astype(np.float64)
+        del S32
+        np.multiply(S, (1 + u32) ** 2 * (1 + gamma(K, u32)), out=S)
+        np.add(S, K * 2.0 ** -149, out=S)
+        return _up_into(S)
 
     def times(self, A: np.ndarray) -> Enclosure:
         """The enclosure of ``A @ B`` (float64 exceptions are expected: call it under np.errstate)."""
@@ -441,18 +516,21 @@ class Right:
 
     def _sliced(self, A: np.ndarray) -> Enclosure:
         K = self.K
-        S = self.abs_bound(A)
+        absA = np.abs(A) if K else None
+        S = self.abs_bound(A, absA)
         if K == 0:
             z = np.zeros(self.out_shape(A))
             return Enclosure(z, z.copy(), z.copy(), S)
-        (A0, A1), RA, lowA = _slices(A, -1, self.beta, 2)
-        hi, e1 = two_sum(A0 @ self.B0, A0 @ self.B1)
-        hi, e2 = two_sum(hi, A1 @ self.B0)
+        (A0, A1), RA, lowA = _slices(A, -1, self.beta, 2, absA)
+        del absA
+        # The products' own arrays are reused for the rest (in place: the same operations).
+        hi, e1 = _two_sum_into(A0 @ self.B0, A0 @ self.B1)
+        hi, e2 = _two_sum_into(hi, A1 @ self.B0)
         rest = A0 @ self.RB
         rest += A1 @ self.Bp
         rest += RA @ self.B
-        t = e1 + e2
-        lo = t + rest
+        t = np.add(e1, e2, out=e1)
+        lo = np.add(t, rest, out=rest)
         g = 1 + 2 * gamma(K, U64)
         cols = np.concatenate([up(np.sum(np.abs(A0), axis=-1, keepdims=True) * g),
                                np.max(np.abs(A1), axis=-1, keepdims=True, initial=0.0),
@@ -460,14 +538,28 @@ class Right:
         del A0, A1, RA
         # sum|A0||RB| + |A1||B - B0| + |RA||B| <= R, by a rank-one bound for each piece;
         # rounded up twice for the float64 products of three terms.
-        R = up(up(cols @ self.rows))
+        R = _up_into(_up_into(cols @ self.rows))
         # The three products err by gamma_K R plus half a subnormal per product that
-        # underflows, their two additions by about 2 u R; forming lo costs u (|t| + |lo|).
-        rad = up(gamma(K + 3, U64) * R + U64 * (np.abs(t) + np.abs(lo)) + 3 * K * 2.0 ** -1074)
+        # underflows, their two additions by about 2 u R; forming lo costs u (|t| + |lo|):
+        # rad = up(gamma_{K+3} R + U64 (|t| + |lo|) + 3 K 2**-1074), in place.
+        tl = np.abs(t, out=t)
+        np.add(tl, np.abs(lo, out=e2), out=tl)
+        np.multiply(tl, U64, out=tl)
+        rad = np.multiply(R, gamma(K + 3, U64), out=R)
+        np.add(rad, tl, out=rad)
+        np.add(rad, 3 * K * 2.0 ** -1074, out=rad)
+        rad = _up_into(rad)
+        del tl, e2
         # A slice product whose unit underflows float64 is not exact.
         tiny = (lowA[..., :, None] + self.lowB[..., None, :]) < -1074 + 53
-        bad = tiny | ~np.isfinite(S) | ~np.isfinite(hi) | ~np.isfinite(lo) | ~(rad < np.inf)
-        return Enclosure(np.where(bad, 0.0, hi), np.where(bad, 0.0, lo), np.where(bad, np.inf, rad), S)
+        ok = np.isfinite(hi)
+        ok &= np.isfinite(lo)
+        ok &= np.isfinite(S)
+        ok &= rad < np.inf
+        if tiny.any() or not ok.all():
+            bad = tiny | ~ok
+            hi, lo, rad = np.where(bad, 0.0, hi), np.where(bad, 0.0, lo), np.where(bad, np.inf, rad)
+        return Enclosure(hi, lo, rad, S)
 
 
 def fits_narrow(p: int) -> bool:

@@ -406,6 +406,19 @@ def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.n
     return r_high.astype(np.float64), decided
 
 
+# The float64 bits of the exponent field, and the fast decision's range of |s|: [2**-960, 2**1000].
+_EXP_BITS = 0x7FF0000000000000
+_MANT_BITS = 0x000FFFFFFFFFFFFF
+_COMMON_LOW = int(np.float64(2.0 ** -960).view(np.int64))
+_COMMON_HIGH = int(np.float64(2.0 ** 1000).view(np.int64))
+# nextafter(2**k, -inf) = 2**k * _BELOW and nextafter(2**(k-1), +inf) = 2**k * _HALF_ABOVE, exactly,
+# for normal results.
+_BELOW = 1 - 2.0 ** -53
+_HALF_BELOW = 0.5 * _BELOW
+_HALF_ABOVE = 0.5 * (1 + 2.0 ** -52)
+_TINY = 2.0 ** -1074  # nextafter(0, +inf)
+
+
 def _decide_float64(hi: np.ndarray, lo: np.ndarray,
                     rad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The rounding to float64 of values in ``hi + lo +- rad``, float64 bounds on them, and where decided.
@@ -413,7 +426,87 @@ def _decide_float64(hi: np.ndarray, lo: np.ndarray,
     Where the enclosure lies strictly between two adjacent float64 values,
     those are the bounds (as the exact path gives them); where it decides
     the rounding but may hold a float64, the bounds are the enclosure's own.
+
+    The same values as :func:`_decide_float64_general`, bit for bit, without its six nextafter
+    calls (each costs about twenty plain passes): where ``s = hi + lo`` is not a power of two and
+    2**-960 <= |s| <= 2**1000, both gaps of s are its ulp, a power of two from the exponent bits,
+    and ``nextafter(w, +inf) < c`` is ``w < nextafter(c, -inf)`` (and ``nextafter(w, -inf) > c``
+    is ``w > nextafter(c, +inf)``) for every w, NaN and infinities included, where the
+    neighbours of the thresholds c (0, +-ulp, +-ulp/2) are exact products of the ulp.  The other
+    elements (none, usually) take the general code.
     """
+    hi, lo, rad = (np.asarray(v, dtype=np.float64) for v in (hi, lo, rad))
+    if hi.ndim == 0 or hi.shape != lo.shape or hi.shape != rad.shape or hi.size < 64:
+        return _decide_float64_general(hi, lo, rad)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = hi + lo
+        e = hi - s
+        e += lo  # exact where |hi| >= |lo|, required below
+        bits = s.view(np.int64)
+        ulp = np.bitwise_and(bits, _EXP_BITS)  # |s| rounded down to a power of two, for a normal s
+        common = (ulp >= _COMMON_LOW) & (ulp <= _COMMON_HIGH)  # (a negative s's bits are masked off)
+        common &= np.bitwise_and(bits, _MANT_BITS) != 0  # not a power of two
+        ulp = ulp.view(np.float64)
+        ulp *= 2.0 ** -52
+        usable = np.abs(hi)
+        usable = usable >= np.abs(lo)
+        usable &= common
+        w_hi = e + rad  # upper = nextafter(w_hi, +inf) in the general code
+        w_lo = e - rad  # lower = nextafter(w_lo, -inf)
+        t = ulp * _BELOW  # nextafter(gap, -inf)
+        above = w_lo > _TINY  # lower > 0
+        above &= w_hi < t  # upper < gap_up
+        above &= usable
+        below = w_hi < -_TINY  # upper < 0
+        np.negative(t, out=t)
+        below &= w_lo > t  # lower > -gap_down
+        below &= usable
+        np.multiply(ulp, _HALF_BELOW, out=t)  # nextafter(gap / 2, -inf)
+        to_s = w_hi < t  # upper < half_up
+        np.negative(t, out=t)
+        to_s &= w_lo > t  # lower > half_down
+        to_s &= usable
+        np.multiply(ulp, _HALF_ABOVE, out=t)  # nextafter(gap / 2, +inf)
+        to_up = w_lo > t  # lower > half_up
+        to_up &= above
+        np.negative(t, out=t)
+        to_down = w_hi < t  # upper < half_down
+        to_down &= below
+        del t, w_hi, w_lo, e
+        # (Never in fact: s is the nearest float64 to hi + lo; kept as the general code has it.)
+        moved = bool(to_up.any() or to_down.any())
+        decided = to_s | to_up | to_down
+        if moved:
+            rounded = s.copy()
+            rounded[to_up] += ulp[to_up]
+            to_down &= ~to_up  # (the general code's np.where takes to_up first)
+            rounded[to_down] -= ulp[to_down]
+        else:
+            rounded = s
+        # x_lo = s where above else s - ulp; x_hi = s + ulp where above else s (exact: s is normal).
+        step = ulp * above
+        x_hi = s + step
+        np.subtract(ulp, step, out=step)
+        x_lo = s - step
+        del step
+    rare = ~common
+    if rare.any():
+        r_r, lo_r, hi_r, dec_r = _decide_float64_general(hi[rare], lo[rare], rad[rare])
+        if rounded is s:
+            rounded = s.copy()
+        rounded[rare], x_lo[rare], x_hi[rare], decided[rare] = r_r, lo_r, hi_r, dec_r
+        above[rare] = below[rare] = True  # their loose elements are done
+    loose = decided & ~(above | below)
+    if loose.any():
+        b_lo, b_hi = enclosure_bounds(hi[loose], lo[loose], rad[loose], tight=True)
+        x_lo[loose], x_hi[loose] = b_lo, b_hi
+    return rounded, x_lo, x_hi, decided
+
+
+def _decide_float64_general(hi: np.ndarray, lo: np.ndarray,
+                    rad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_decide_float64` for any elements, with nextafter: the definition, which the fast
+    version follows bit for bit and uses for the elements outside its common case."""
     hi, lo, rad = (np.asarray(v, dtype=np.float64) for v in (hi, lo, rad))
     with np.errstate(invalid="ignore", over="ignore"):
         s = hi + lo

@@ -63,10 +63,10 @@ def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
 
 def _all_finite(x: np.ndarray) -> bool:
     """Whether every value of x is finite."""
-    if x.dtype == np.float32:
-        # A float64 sum of float32 values cannot overflow, so it is finite exactly when they all are;
-        # one pass without a temporary.
-        return bool(np.isfinite(np.add.reduce(x, axis=None, dtype=np.float64)))
+    if x.size and x.dtype in (np.float32, np.float64):
+        # The largest and the smallest value are finite exactly when every value is (a NaN is
+        # both): two reductions without a temporary, several times faster than a float64 sum.
+        return bool(np.isfinite(np.maximum.reduce(x, axis=None)) and np.isfinite(np.minimum.reduce(x, axis=None)))
     return bool(np.isfinite(x).all())
 
 

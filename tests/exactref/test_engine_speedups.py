@@ -1,0 +1,117 @@
+"""The fast forms of issue 12's hot spots give exactly the values of their definitions.
+
+* rounding.next_up / next_down on large float64 arrays (bit arithmetic) against
+  math.nextafter, element by element, zeros of both signs, subnormals, the
+  largest finite values, infinities and NaN included;
+* sumprod._decide_float64 (no nextafter) against _decide_float64_general, the
+  nextafter definition, bit for bit, on enclosures at and around every
+  threshold (half gaps, gaps, powers of two, the edges of the common range);
+* fast._first_level (the fused first level of a long float32 sum) against the
+  groups of 64 added one after the other in float64, written out here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from exactref import rounding
+from exactref.engine import fast, sumprod
+
+F64_MAX = float(np.finfo(np.float64).max)
+SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 2.0 ** -1022, -(2.0 ** -1022), 2.0 ** -1022 - 5e-324,
+           F64_MAX, -F64_MAX, 1.0, -1.0, 2.0 ** -960, 2.0 ** 1000, -(2.0 ** -1021)]
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.int64)
+
+
+def _adversarial(rng: np.random.Generator, n: int) -> np.ndarray:
+    x = rng.standard_normal(n) * np.ldexp(1.0, rng.integers(-1100, 1020, n))  # finite: the bit path
+    pick = rng.random(n) < 0.3
+    x[pick] = rng.choice(SPECIAL, int(pick.sum()))
+    return x
+
+
+@pytest.mark.parametrize("special", [None, math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("up", [True, False])
+def test_next_up_down_match_math_nextafter(special: float | None, up: bool) -> None:
+    rng = np.random.default_rng(12)
+    x = _adversarial(rng, 3 * rounding._BITS_MIN)
+    assert np.isfinite(x).all()  # so that without a special value the bit arithmetic runs
+    if special is not None:
+        x[17] = special
+    with np.errstate(over="ignore"):  # np.nextafter(F64_MAX, inf) warns, where an infinity is in x
+        got = (rounding.next_up if up else rounding.next_down)(x)
+    target = math.inf if up else -math.inf
+    want = np.array([math.nextafter(v, target) for v in x.tolist()])
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(_bits(got)[~nan], _bits(want)[~nan])
+    # Both zeros have the same neighbours, of the right sign.
+    if special is None:
+        assert np.array_equal(_bits(got[x == 0]), _bits(np.full(int((x == 0).sum()), 5e-324 if up else -5e-324)))
+
+
+def test_next_up_keeps_layout_and_input() -> None:
+    x = _adversarial(np.random.default_rng(3), 4 * rounding._BITS_MIN).reshape(64, -1).T  # not C-contiguous
+    before = x.copy()
+    got = rounding.next_up(x)
+    assert got.shape == x.shape
+    assert np.array_equal(_bits(x), _bits(before))
+    with np.errstate(over="ignore"):
+        assert np.array_equal(_bits(got), _bits(np.nextafter(x, np.inf)))
+
+
+def _enclosures(rng: np.random.Generator, n: int, kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if kind == 0:  # ordinary values, lo and rad at fractions of an ulp around the half gap
+        hi = rng.standard_normal(n)
+    elif kind == 1:  # powers of two (one gap is half the other) and the edges of the common range
+        hi = np.ldexp(rng.choice([-1.0, 1.0], n), rng.integers(-1074, 1024, n))
+        hi[: n // 4] = rng.choice(SPECIAL, n // 4)
+    else:  # ties and small integers
+        hi = np.round(rng.standard_normal(n) * 8) / 8
+    with np.errstate(over="ignore", invalid="ignore"):  # the ulp of F64_MAX times 1.0 is fine; inf * 0 is not
+        ulp = np.spacing(np.abs(hi))
+        # 0.5 (1 - 2**-53): lo (and e) just below the half gap, where nextafter(e) is the half gap.
+        lo = ulp * rng.choice([0.0, 0.5, -0.5, 0.25, -0.25, 0.5 * (1 - 2.0 ** -53), -0.5 * (1 - 2.0 ** -53), 1e-9], n)
+        rad = ulp * rng.choice([0.0, 2.0 ** -30, 0.1, 0.25, 0.49, 0.5, 0.51, 1.0], n)
+    odd = rng.random(n) < 0.03
+    rad[odd] = rng.choice([math.inf, math.nan, -1.0, 0.0], int(odd.sum()))
+    return hi, lo, rad
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2])
+def test_decide_float64_matches_its_definition(kind: int) -> None:
+    rng = np.random.default_rng(40 + kind)
+    for _ in range(20):
+        hi, lo, rad = _enclosures(rng, 500, kind)
+        with np.errstate(all="ignore"):
+            fast_out = sumprod._decide_float64(hi, lo, rad)
+            ref = sumprod._decide_float64_general(hi, lo, rad)
+        decided = ref[3]
+        assert np.array_equal(fast_out[3], decided)
+        assert decided.any()
+        for got, want in zip(fast_out[:3], ref[:3]):
+            assert np.array_equal(_bits(got)[decided], _bits(want)[decided])
+
+
+@pytest.mark.parametrize(("rows", "T"), [(1, 4096), (1, 4097), (1, 300_001), (3, 70_000), (40, 5000)])
+def test_first_level_adds_the_groups_in_order(rows: int, T: int) -> None:
+    rng = np.random.default_rng(T)
+    x = (rng.standard_normal((rows, T)) * np.ldexp(1.0, rng.integers(-60, 60, (rows, T)))).astype(np.float32)
+    x[:, ::5] = -x[:, ::5]
+    first, first_abs = fast._first_level(x)
+    m = -(-T // 64)
+    padded = np.zeros((rows, 64 * m))
+    padded[:, :T] = x
+    groups = padded.reshape(rows, 64, m)
+    want, want_abs = groups[:, 0].copy(), np.abs(groups[:, 0])
+    for g in range(1, 64):  # float64, one group after the other
+        want += groups[:, g]
+        want_abs += np.abs(groups[:, g])
+    assert np.array_equal(_bits(first), _bits(want))
+    assert np.array_equal(_bits(first_abs), _bits(want_abs))
