@@ -65,7 +65,8 @@ class ShapeMismatchError(MismatchError):
 
 
 class DtypeMismatchWarning(UserWarning):
-    """``covers`` got an array of another dtype than the result's: it judges the values, and says so.
+    """``covers`` got an array of another dtype than the result's (float64 and complex128 aside): it
+    judges the values, and says so.
 
     ``check`` raises :class:`ShapeMismatchError` with the same explanation.
     """

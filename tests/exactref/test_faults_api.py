@@ -90,6 +90,11 @@ def test_check_refuses_an_array_of_another_dtype_and_names_numpys_promotion():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the result's own dtype, or a list: nothing to say
         assert result.covers(got.astype(np.float16)).all() and result.covers([3.0, 3.0, 3.0]).all()
+        # float64 (and complex128) carry any format's values exactly: an oracle's values, say.
+        assert result.covers(got.astype(np.float64)).all()
+        assert result.covers(torch.tensor([3.0, 3.0, 3.0], dtype=torch.float64)).all()
+    with pytest.warns(er.DtypeMismatchWarning, match="multiply: got bfloat16 values for a float32 result"):
+        er.multiply(np.float32([1.5]), np.float32([2.0])).covers(torch.tensor([3.0], dtype=torch.bfloat16))
     with pytest.raises(er.ShapeMismatchError) as info:
         result.check(got)
     text = str(info.value)

@@ -17,13 +17,14 @@ from .conftest import Repo, output
 def default_audit(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], float]:
     """The default run, once: every op exactref has, every format, forward and backward, on PyTorch's
     CPU kernels (the directory has no [tool.exactref], so nothing else is configured)."""
+    # How long it takes is benchmarks/bench_audit.py's to say; the timeout only stops a hang.
     start = time.perf_counter()
-    result = Repo(tmp_path_factory.mktemp("plain")).audit("--seed", "0")
+    result = Repo(tmp_path_factory.mktemp("plain")).audit("--seed", "0", timeout=900)
     return result, time.perf_counter() - start
 
 
-def test_the_default_audit_covers_every_op_format_and_direction_in_time(default_audit):
-    result, elapsed = default_audit
+def test_the_default_audit_covers_every_op_format_and_direction(default_audit):
+    result, _ = default_audit
     text = output(result)
     # 86 cells, and the float8 ones, forward only: matmul in the four formats torch.matmul computes on
     # the CPU, scaled_matmul in the two oneDNN takes (tests/plugin/test_float8_audit.py).
@@ -41,7 +42,6 @@ def test_the_default_audit_covers_every_op_format_and_direction_in_time(default_
     assert re.search(r"^matrix_exp +float16 +forward +\d+ +[1-9]\d* .* known failure$", text, re.M), text
     assert "2/92" not in result.stdout  # the progress bar goes to stderr, the table to stdout
     assert "92/92 cells" in result.stderr
-    assert elapsed < 180, elapsed
 
 
 def test_the_default_audit_passes_on_pytorchs_cpu_kernels(default_audit):
