@@ -263,10 +263,9 @@ class Result:
         elsewhere (an oracle's, say).
         """
         got = self._got(x)
-        if str(getattr(x, "dtype", "float64")).replace("torch.", "") not in _CARRIERS:
-            wrong = _dtype_mismatch(x, self)
-            if wrong:
-                warnings.warn(wrong, DtypeMismatchWarning, stacklevel=2)
+        wrong = _dtype_mismatch(x, self, allowed=_CARRIERS)
+        if wrong:
+            warnings.warn(wrong, DtypeMismatchWarning, stacklevel=2)
         ok = self._covers_parts(got)
         return ok[0] if len(ok) == 1 else ok[0] & ok[1]
 
@@ -302,8 +301,9 @@ class Result:
 _CARRIERS = ("float64", "complex128")
 
 
-def _dtype_mismatch(x: Any, result: Result) -> str:
-    """Why ``x``, an array with a dtype, does not have the result's format ('' when it does, or is a list).
+def _dtype_mismatch(x: Any, result: Result, allowed: tuple[str, ...] = ()) -> str:
+    """Why ``x``, an array with a dtype, does not have the result's format ('' when it does, is a list,
+    or has one of the ``allowed`` dtypes).
 
     The usual cause is numpy's promotion, which differs from torch's (and so
     from exactref's): numpy 2 takes a 0-d array's dtype as an array's, so
@@ -314,7 +314,7 @@ def _dtype_mismatch(x: Any, result: Result) -> str:
         return ""
     name = str(dtype).replace("torch.", "")
     want = result.dtype.name
-    if name == want:
+    if name == want or name in allowed:
         return ""
     text = (f"{result.op}: got {name} values for a {want} result; check() judges a kernel's output in the "
             f"result's format. ")

@@ -291,8 +291,7 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
     except _Hung:
         run.failures = hung[:1]
     except _OutOfTime:
-        run.failures = _distinct([e for _, exc in smallest.values() for e in _flatten(exc)])
-        run.cut_short = True
+        _cut_short(run, smallest)
     except Unsatisfiable:
         run.skipped = (f"{run.strategy} drew no {cell.op} cases in {cell.fmt} that exactref could judge "
                        f"({run.unavailable} had no decidable reference)")
@@ -304,13 +303,18 @@ def run_cell(cell: Cell, *, base: settings, examples: int | None = None, device:
         members = _flatten(exc)
         if any(isinstance(e, _OutOfTime) for e in members):
             # Hypothesis reported the time running out beside other failures, in one group: it is
-            # the end of the search, not a failure, and the others are reported by their smallest cases.
-            run.failures = _distinct([e for _, kept in smallest.values() for e in _flatten(kept)])
-            run.cut_short = True
+            # the end of the search, not a failure.
+            _cut_short(run, smallest)
         else:
             run.failures = _distinct(members)
     run.seconds = time.perf_counter() - start
     return run
+
+
+def _cut_short(run: CellRun, smallest: dict[tuple[Any, ...], tuple[tuple[int, int], BaseException]]) -> None:
+    """A search the time budget ended: each failure is reported by the smallest case seen for it."""
+    run.failures = _distinct([e for _, exc in smallest.values() for e in _flatten(exc)])
+    run.cut_short = True
 
 
 def no_longer_fails(run: CellRun) -> str:

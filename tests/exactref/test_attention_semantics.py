@@ -147,6 +147,12 @@ def _each_covered_only_under_its_own(default, jaxlike, torch_res, jax_res, g) ->
     assert _covered(jaxlike, *torch_res, g) == (False, False)
 
 
+def _both_semantics(q, k, v, mask, g):
+    """torch's math path and JAX's kernel (outputs, gradients), and exactref under each one's semantics."""
+    return (_torch_math(q, k, v, mask, g), _jax(q, k, v, mask, g),
+            er.scaled_dot_product_attention(q, k, v, mask), er.scaled_dot_product_attention(q, k, v, mask, **JAX))
+
+
 def _special_case(bad: float):
     """Key 1 holds ``bad``: row 0 attends it, row 1 masks it, row 2 masks every key.
 
@@ -163,10 +169,7 @@ def _special_case(bad: float):
 @pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
 def test_special_key_spreads_as_each_kernel_spreads_it(bad):
     q, k, v, mask, g = _special_case(bad)
-    torch_out, torch_grads = _torch_math(q, k, v, mask, g)
-    jax_out, jax_grads = _jax(q, k, v, mask, g)
-    default = er.scaled_dot_product_attention(q, k, v, mask)
-    jaxlike = er.scaled_dot_product_attention(q, k, v, mask, **JAX)
+    (torch_out, torch_grads), (jax_out, jax_grads), default, jaxlike = _both_semantics(q, k, v, mask, g)
     # PyTorch adds the mask, so key 1's logit (NaN or +inf) reaches every row, masked or not (+inf
     # plus the mask's -inf is NaN); JAX replaces it where masked.
     assert np.isnan(torch_out).all()
@@ -186,12 +189,9 @@ def test_nan_query_of_a_fully_masked_row_is_hidden_in_its_output_not_in_grad_key
     # of v; but grad_key = dS^T Q still meets 0 * NaN.  PyTorch's row 2 is NaN throughout.
     q, k, v, mask, g = _special_case(0.5)
     q[2, 0] = np.nan
-    torch_out, torch_grads = _torch_math(q, k, v, mask, g)
-    jax_out, jax_grads = _jax(q, k, v, mask, g)
+    (torch_out, torch_grads), (jax_out, jax_grads), default, jaxlike = _both_semantics(q, k, v, mask, g)
     assert np.isnan(torch_out[2]).all() and np.isfinite(jax_out).all()
     assert np.isnan(jax_grads["grad_key"][:, 0]).all() and np.isfinite(jax_grads["grad_key"][:, 1]).all()
-    default = er.scaled_dot_product_attention(q, k, v, mask)
-    jaxlike = er.scaled_dot_product_attention(q, k, v, mask, **JAX)
     _each_covered_only_under_its_own(default, jaxlike, (torch_out, torch_grads), (jax_out, jax_grads), g)
 
 
@@ -201,12 +201,9 @@ def test_nan_value_reaches_every_row_but_not_the_query_gradient_of_a_mean_row():
     # grad_query stays finite in JAX, where PyTorch's 0 * NaN makes it NaN.
     q, k, v, mask, g = _special_case(0.5)
     v[1, 0] = np.nan
-    torch_out, torch_grads = _torch_math(q, k, v, mask, g)
-    jax_out, jax_grads = _jax(q, k, v, mask, g)
+    (torch_out, torch_grads), (jax_out, jax_grads), default, jaxlike = _both_semantics(q, k, v, mask, g)
     assert np.isnan(jax_out[:, 0]).all() and np.isnan(torch_out[:, 0]).all()
     assert jax_grads["grad_query"][2].tolist() == [0.0, 0.0] and np.isnan(torch_grads["grad_query"][2]).all()
-    default = er.scaled_dot_product_attention(q, k, v, mask)
-    jaxlike = er.scaled_dot_product_attention(q, k, v, mask, **JAX)
     assert np.asarray(jaxlike.backward(g)["grad_query"].rounded)[2].tolist() == [0.0, 0.0]
     # No logit is NaN here, so masked_rows alone decides: its constant weights take no gradient.
     mean_only = er.scaled_dot_product_attention(q, k, v, mask, masked_rows="mean")
@@ -216,10 +213,7 @@ def test_nan_value_reaches_every_row_but_not_the_query_gradient_of_a_mean_row():
 
 def test_fully_masked_row_each_kernel_covered_only_under_its_semantics():
     q, k, v, mask, g = _special_case(0.5)
-    torch_out, torch_grads = _torch_math(q, k, v, mask, g)
-    jax_out, jax_grads = _jax(q, k, v, mask, g)
-    default = er.scaled_dot_product_attention(q, k, v, mask)
-    jaxlike = er.scaled_dot_product_attention(q, k, v, mask, **JAX)
+    (torch_out, torch_grads), (jax_out, jax_grads), default, jaxlike = _both_semantics(q, k, v, mask, g)
     _each_covered_only_under_its_own(default, jaxlike, (torch_out, torch_grads), (jax_out, jax_grads), g)
     # mask_nan alone changes nothing without special values; masked_rows alone makes the difference.
     assert _covered(er.scaled_dot_product_attention(q, k, v, mask, masked_rows="mean"), jax_out, jax_grads, g) \

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,14 @@ import pytest
 SAMPLE = Path(__file__).resolve().parent / "sample_repo"
 # The sample repository holds tests of its own; they run inside it, not here.
 collect_ignore = ["sample_repo", "triton_repo"]
+
+
+def kernel_module(monkeypatch: pytest.MonkeyPatch, name: str, **attributes: object) -> types.ModuleType:
+    """A module ``name`` holding ``attributes`` (EXACTREF_KERNELS, say), importable until the test ends."""
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attributes)
+    monkeypatch.setitem(sys.modules, name, mod)
+    return mod
 
 
 class Repo:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types
-
 import numpy as np
 import pytest
 
@@ -19,17 +16,14 @@ from exactref.harness.suite import (
     run_cell,
 )
 
-from .conftest import Repo, output
+from .conftest import Repo, kernel_module, output
 
 
 @pytest.fixture
 def module(monkeypatch):
     """A kernel module of the given EXACTREF_KERNELS, importable as fake_fault_kernels."""
     def make(kernels):
-        mod = types.ModuleType("fake_fault_kernels")
-        mod.EXACTREF_KERNELS = kernels
-        monkeypatch.setitem(sys.modules, "fake_fault_kernels", mod)
-        return "fake_fault_kernels"
+        return kernel_module(monkeypatch, "fake_fault_kernels", EXACTREF_KERNELS=kernels).__name__
     return make
 
 

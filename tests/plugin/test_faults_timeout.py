@@ -6,20 +6,23 @@ and uses no CPU, and its daemon thread dies with the process.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-import types
 
 import numpy as np
 import pytest
 
 from exactref.harness.config import DEFAULT_TIMEOUT, ConfigError, build
 from exactref.harness.judge import judge
-from exactref.harness.kernels import KernelRaisedError, KernelTimeoutError, load_kernels, run_with_timeout
+from exactref.harness.kernels import (
+    KernelRaisedError,
+    KernelTimeoutError,
+    load_kernels,
+    run_with_timeout,
+)
 from exactref.harness.suite import Cell, audit_settings, run_cell
 
-from .conftest import Repo, output
+from .conftest import Repo, kernel_module, output
 
 _NEVER = threading.Event()
 
@@ -35,10 +38,7 @@ def _add(x, y, alpha=1):
 @pytest.fixture
 def module(monkeypatch):
     def make(kernels):
-        mod = types.ModuleType("fake_hanging_kernels")
-        mod.EXACTREF_KERNELS = kernels
-        monkeypatch.setitem(sys.modules, "fake_hanging_kernels", mod)
-        return load_kernels("fake_hanging_kernels")
+        return load_kernels(kernel_module(monkeypatch, "fake_hanging_kernels", EXACTREF_KERNELS=kernels).__name__)
     return make
 
 

@@ -36,7 +36,7 @@ from exactref.harness.standalone import standalone_test
 from exactref.harness.suite import cells
 from strategies.scaled_matmul import float8_arrays
 
-from .conftest import Repo, output
+from .conftest import Repo, kernel_module, output
 
 torch = pytest.importorskip("torch")
 
@@ -222,14 +222,9 @@ def test_a_scaled_matmul_case_round_trips_and_replays(tmp_path):
 
 
 def test_float8_cells_are_opt_in_and_forward_only(monkeypatch):
-    import sys
-    import types
 
     def load(entries):
-        mod = types.ModuleType("f8_kernels")
-        mod.EXACTREF_KERNELS = entries
-        monkeypatch.setitem(sys.modules, "f8_kernels", mod)
-        return load_kernels("f8_kernels")
+        return load_kernels(kernel_module(monkeypatch, "f8_kernels", EXACTREF_KERNELS=entries).__name__)
 
     assert not [f for f in FORMATS if f.startswith("float8")]
     plain = load({"matmul": {"forward": torch.matmul, "backward": "autograd"}, "add": torch.add})
@@ -254,8 +249,6 @@ def test_float8_cells_are_opt_in_and_forward_only(monkeypatch):
 
 
 def test_a_dtype_keyword_reaches_each_kernel_as_its_librarys_dtype(monkeypatch):
-    import sys
-    import types
 
     seen = []
 
@@ -263,9 +256,7 @@ def test_a_dtype_keyword_reaches_each_kernel_as_its_librarys_dtype(monkeypatch):
         seen.append(out_dtype)
         return A
 
-    mod = types.ModuleType("f8_record")
-    mod.EXACTREF_KERNELS = {"scaled_matmul": record}
-    monkeypatch.setitem(sys.modules, "f8_record", mod)
+    mod = kernel_module(monkeypatch, "f8_record", EXACTREF_KERNELS={"scaled_matmul": record})
     A = er.asarray([[1.0]], "float8_e5m2")
     inputs = {"A": A, "B": A, "scale_a": np.ones((), np.float32), "scale_b": np.ones((), np.float32)}
     for arrays, dtype in (("torch", torch.bfloat16), ("numpy", np.dtype(er.FORMATS["bfloat16"].dtype))):
@@ -375,15 +366,13 @@ def test_onednn_flushes_a_subnormal_float32_result_on_its_way_to_bfloat16():
 
 
 def test_reference_options_may_follow_the_case(monkeypatch):
-    import sys
-    import types
 
     def options(inputs, kwargs):
         return {"saturation": "nosat"} if kwargs["out_dtype"] == "float8_e4m3fn" else {}
 
-    mod = types.ModuleType("f8_options")
-    mod.EXACTREF_KERNELS = {"scaled_matmul": {"forward": lambda *a, **k: None, "reference_options": options}}
-    monkeypatch.setitem(sys.modules, "f8_options", mod)
+    mod = kernel_module(monkeypatch, "f8_options",
+                        EXACTREF_KERNELS={"scaled_matmul": {"forward": lambda *a, **k: None,
+                                                            "reference_options": options}})
     kernel = load_kernels("f8_options")["scaled_matmul"]
     assert kernel.reference_kwargs("forward", "float8_e5m2", {}, {"out_dtype": "float8_e4m3fn"}) == \
         {"saturation": "nosat"}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +24,17 @@ from exactref.harness.cases import (
     write_case,
 )
 from exactref.harness.config import ConfigError, build
-from exactref.harness.judge import DtypeMismatchError, ExceptionGroup, MissingGradientError, judge, keyed
+from exactref.harness.judge import (
+    DtypeMismatchError,
+    ExceptionGroup,
+    MissingGradientError,
+    judge,
+    keyed,
+)
 from exactref.harness.kernels import KernelOutputError, KernelRaisedError, load_kernels
 from exactref.harness.standalone import standalone_test
+
+from .conftest import kernel_module
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -122,10 +128,7 @@ def test_a_bad_case_file_is_an_error_naming_the_file(tmp_path, text, reason):
 def module(monkeypatch):
     """A kernel module of the given contents, importable by name."""
     def make(**attributes):
-        mod = types.ModuleType("fake_kernels")
-        mod.__dict__.update(attributes)
-        monkeypatch.setitem(sys.modules, "fake_kernels", mod)
-        return "fake_kernels"
+        return kernel_module(monkeypatch, "fake_kernels", **attributes).__name__
     return make
 
 
