@@ -11,6 +11,10 @@ with its backward 1.5 to 2.8 times, and a float32 2048³ matmul, whose
 enclosure includes two 2048³ BLAS products, was not slower (4.7 s against
 5.3 s); so there is no size above which threads are kept.
 
+The cores are not left idle: the op's independent blocks run side by side
+on ExactRef's own threads, as many as the BLAS pool had before the limit
+(:func:`width`, exactref/_parallel.py), each calling BLAS on one thread.
+
 Only the BLAS pools are limited: ExactRef runs no OpenMP code of its own,
 and limiting torch's OpenMP pool as well measured no further gain.
 
@@ -42,7 +46,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-__all__ = ["own_threads", "small"]
+__all__ = ["own_threads", "small", "width"]
 
 _BLAS_THREADS = 1
 # An op whose array arguments have at most this many elements each takes no limit (see above).
@@ -56,6 +60,7 @@ _lock = threading.Lock()
 _owner: int | None = None  # the thread whose outermost op holds the limit
 _held: Any = None  # threadpoolctl's limiter of the owner; exiting it restores the limits
 _blas: Any = None  # threadpoolctl's controller of the loaded BLAS libraries
+_width = 1  # the owner's BLAS threads before its limit: the threads its blocks may use (_parallel)
 
 
 def _controller() -> Any:
@@ -68,16 +73,17 @@ def _controller() -> Any:
 
 
 def _limit() -> None:
-    global _owner, _held
+    global _owner, _held, _width
     with _lock:
         if _owner is not None:
             return
         blas = _controller()
-        if all((lib.get_num_threads() or 1) <= _BLAS_THREADS for lib in blas.lib_controllers):
+        before = max([lib.get_num_threads() or 1 for lib in blas.lib_controllers] + [1])
+        if before <= _BLAS_THREADS:
             return  # already single-threaded (OPENBLAS_NUM_THREADS=1, one core): nothing to undo
         held = blas.limit(limits=_BLAS_THREADS)
         held.__enter__()
-        _held, _owner = held, threading.get_ident()
+        _held, _owner, _width = held, threading.get_ident(), before
 
 
 def _restore() -> None:
@@ -126,6 +132,13 @@ def own_threads(limit: bool = True) -> _OwnThreads:
     see :func:`small`) sets no limit, and an op nested in it none either.
     """
     return _OWN if limit else _SMALL_OP
+
+
+def width() -> int:
+    """The threads the calling thread's op may use for its blocks (exactref/_parallel.py): the BLAS
+    pool's size before the limit, for the thread that holds the limit; 1 for any other thread, and
+    where no limit is held (a small op, a single-threaded BLAS, the limit switched off)."""
+    return _width if _owner == threading.get_ident() else 1
 
 
 def small(values: Any) -> bool:

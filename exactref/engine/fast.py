@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from .._parallel import for_each
 from ..rounding import next_up
 
 __all__ = [
@@ -223,9 +227,14 @@ def long_sums(X: np.ndarray, narrow: bool) -> Enclosure:
     step = _SUM_BLOCK // max(T, 1)
     with np.errstate(over="ignore", invalid="ignore"):
         if step >= 1:
-            for start in range(0, rows.shape[0], step):
-                part = slice(start, start + step)
+            starts = range(0, rows.shape[0], step)
+
+            def block(i: int) -> None:
+                part = slice(starts[i], starts[i] + step)
                 hi[part], lo[part], rad[part], S[part] = _sum_block(rows[part], narrow)
+            # Independent blocks, side by side (exactref/_parallel.py); a narrow block's first
+            # level is shared out within it instead (_first_level), where the work is.
+            (for_each if not narrow or len(starts) > 1 else _serial)(block, len(starts))
         else:
             for i in range(rows.shape[0]):
                 hi[i], lo[i], rad[i], S[i] = _long_row(rows[i], narrow)
@@ -234,9 +243,20 @@ def long_sums(X: np.ndarray, narrow: bool) -> Enclosure:
                      np.where(bad, np.inf, rad).reshape(lead), S.reshape(lead))
 
 
+def _serial(fn: Callable[[int], None], count: int) -> None:
+    for i in range(count):
+        fn(i)
+
+
 def _long_row(row: np.ndarray, narrow: bool) -> tuple[float, float, float, float]:
     """One row longer than a block: its blocks' enclosures, added by a tree sum."""
-    parts = [_sum_block(row[None, c:c + _SUM_BLOCK], narrow) for c in range(0, row.size, _SUM_BLOCK)]
+    starts = range(0, row.size, _SUM_BLOCK)
+    parts: list[Any] = [None] * len(starts)
+
+    def block(i: int) -> None:
+        parts[i] = _sum_block(row[None, starts[i]:starts[i] + _SUM_BLOCK], narrow)
+    # A narrow block shares out its own first level (_first_level), which balances better.
+    (_serial if narrow else for_each)(block, len(starts))
     his, los, rads, Ss = (np.concatenate(v) for v in zip(*parts))
     h, lo, r = tree_sum(np.concatenate([his, los])[None, :])
     g = 1 + 2 * gamma(len(parts), U64)  # the float64 sums of the blocks' bounds
@@ -302,14 +322,21 @@ def _first_level(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if len(starts) > 1 and m - starts[-1] < 2:
         starts.pop()  # no bunch of one column (numpy would add it pairwise): the last one takes it
     ends = starts[1:] + [m]
-    buf = np.empty((rows, _SUM_WIDTH, max(e - b for b, e in zip(starts, ends))))
+    widest = max(e - b for b, e in zip(starts, ends))
+    bufs: dict[int, np.ndarray] = {}  # one buffer per thread (exactref/_parallel.py)
     first, first_abs = np.empty((rows, m)), np.empty((rows, m))
-    for j0, j1 in zip(starts, ends):
+
+    def bunch(i: int) -> None:
+        j0, j1 = starts[i], ends[i]
+        buf = bufs.get(threading.get_ident())
+        if buf is None:
+            buf = bufs[threading.get_ident()] = np.empty((rows, _SUM_WIDTH, widest))
         part = buf[:, :, :j1 - j0]
         np.copyto(part, view[:, :, j0:j1])
         np.add.reduce(part, axis=1, out=first[:, j0:j1])
         np.abs(part, out=part)
         np.add.reduce(part, axis=1, out=first_abs[:, j0:j1])
+    for_each(bunch, len(starts))
     return first, first_abs
 
 
@@ -441,7 +468,7 @@ class Right:
     ``A0 B0``, ``A0 B1`` and ``A1 B0`` are exact in float64 (Ozaki's
     error-free slicing); the rest,
 
-        A @ B - (A0 B0 + A0 B1 + A1 B0) = A0 RB + A1 (B - B0) + RA B,
+        A @ B - (A0 B0 + A0 B1 + A1 B0) = (A0 + A1) RB + A1 B1 + RA B,
 
     about 2**(-2 beta) of the result, is three plain float64 products whose
     rounding errors (at most gamma_K of their absolute terms) are bounded by
@@ -464,11 +491,10 @@ class Right:
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             self.beta = _slice_exponent(K)
             (self.B0, self.B1), self.RB, self.lowB = _slices(B, -2, self.beta, 2, absB)
-            self.Bp = B - self.B0  # exact: the slicing is error-free
             g = 1 + 2 * gamma(K, U64)  # a float64 sum of K terms errs by at most gamma_K relative
             self.rows = np.concatenate([
                 np.max(np.abs(self.RB), axis=-2, keepdims=True, initial=0.0),
-                up(np.sum(np.abs(self.Bp), axis=-2, keepdims=True) * g),
+                up(np.sum(np.abs(self.B1), axis=-2, keepdims=True) * g),
                 up(np.sum(absB, axis=-2, keepdims=True) * g)], axis=-2)
             del absB
 
@@ -526,8 +552,13 @@ class Right:
         # The products' own arrays are reused for the rest (in place: the same operations).
         hi, e1 = _two_sum_into(A0 @ self.B0, A0 @ self.B1)
         hi, e2 = _two_sum_into(hi, A1 @ self.B0)
+        # The rest, A0 RB + A1 (B1 + RB) + RA B, as (A0 + A1) RB + A1 B1 + RA B: B1 + RB
+        # would be one more array of B's size to keep.  A0 + A1 is exact: it is A itself
+        # where A1's unit 2**u1 is at most ulp(A); otherwise a multiple of 2**u1 of
+        # magnitude below |A| + 2**(u1 - 1), at most 2**52 units.
+        A0 += A1
         rest = A0 @ self.RB
-        rest += A1 @ self.Bp
+        rest += A1 @ self.B1
         rest += RA @ self.B
         t = np.add(e1, e2, out=e1)
         lo = np.add(t, rest, out=rest)
@@ -536,7 +567,7 @@ class Right:
                                np.max(np.abs(A1), axis=-1, keepdims=True, initial=0.0),
                                np.max(np.abs(RA), axis=-1, keepdims=True, initial=0.0)], axis=-1)
         del A0, A1, RA
-        # sum|A0||RB| + |A1||B - B0| + |RA||B| <= R, by a rank-one bound for each piece;
+        # sum|A0 + A1||RB| + |A1||B1| + |RA||B| <= R, by a rank-one bound for each piece;
         # rounded up twice for the float64 products of three terms.
         R = _up_into(_up_into(cols @ self.rows))
         # The three products err by gamma_K R plus half a subnormal per product that

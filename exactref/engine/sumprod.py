@@ -21,6 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from .._parallel import for_each
 from ..formats import Format
 from ..rounding import (  # _REL, _ABS: the slack of below() and above(), see _bounds_lo_zero
     _ABS,
@@ -64,15 +65,18 @@ class MatmulTerm:
     def length(self) -> int:
         return self.A.shape[-1]
 
-    def enclose(self, shape: tuple[int, ...]) -> fast.Enclosure:
+    def prepare(self) -> None:
+        """Prepare B, once for all the blocks of rows."""
         if self.right is None:
             self.right = fast.Right(self.B, narrow=self.narrow)
+
+    def enclose(self, shape: tuple[int, ...]) -> fast.Enclosure:
+        self.prepare()
         return self.right.times(self.A)
 
     def rows(self, start: int, stop: int, shape: tuple[int, ...]) -> MatmulTerm:
         """The term of the output rows ``start:stop`` (axis -2)."""
-        if self.right is None:
-            self.right = fast.Right(self.B, narrow=self.narrow)
+        self.prepare()
         return MatmulTerm(self.coef, self.A[..., start:stop, :], self.B, self.narrow, self.right)
 
     def gather(self, idx: np.ndarray, shape: tuple[int, ...],
@@ -127,6 +131,9 @@ class RowTerm:
             Y = np.ones(X.shape[-1:])
         enc = (fast.matmul_narrow if self.narrow else fast.matmul_sliced)(X[..., None, :], Y[..., :, None])
         return fast.Enclosure(*(v[..., 0, 0] for v in (enc.hi, enc.lo, enc.rad, enc.S)))
+
+    def prepare(self) -> None:
+        """Nothing to prepare (:meth:`MatmulTerm.prepare`)."""
 
     def rows(self, start: int, stop: int, shape: tuple[int, ...]) -> RowTerm:
         """The term of the output rows ``start:stop`` (axis -2 of ``shape``, or its only axis), as views."""
@@ -244,17 +251,25 @@ def _solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
     if step is None:
         return _solve_block(terms, shape, fmt)
     rounded, x_lo, x_hi, S = (np.empty(shape) for _ in range(4))
-    undecided = 0
     axis = max(len(shape) - 2, 0)
-    for start in range(0, shape[axis], step):
+    starts = range(0, shape[axis], step)
+    undecided = [0] * len(starts)
+    for t in terms:
+        t.prepare()  # once, before the blocks share it
+
+    def block(i: int) -> None:
+        start = starts[i]
         stop = min(start + step, shape[axis])
         sub = [t.rows(start, stop, shape) for t in terms]
         cut = (slice(None),) * axis + (slice(start, stop),)
         sol = _solve_block(sub, shape[:axis] + (stop - start,) + shape[axis + 1:], fmt)
         for whole, part in ((rounded, sol.rounded), (x_lo, sol.x_lo), (x_hi, sol.x_hi), (S, sol.S)):
             whole[cut] = part
-        undecided += sol.undecided
-    return Solution(rounded, x_lo, x_hi, S, undecided)
+        undecided[i] = sol.undecided
+
+    # The blocks are independent: side by side on the op's threads (exactref/_parallel.py).
+    for_each(block, len(starts))
+    return Solution(rounded, x_lo, x_hi, S, sum(undecided))
 
 
 def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:

@@ -1,0 +1,121 @@
+"""ExactRef's own threads: the independent blocks of one op's work run side by side.
+
+Why: an op limits numpy's BLAS to one thread (exactref/_threads.py), because
+OpenBLAS's spinning workers fight the single-threaded numpy work between its
+products.  That left every core but one idle on a large op, while the torch
+baseline a kernel engineer compares with uses them all.  Instead, an op's
+blocks of output rows (and a long sum's blocks of terms) run on up to as
+many threads as numpy's BLAS had when the op began, each calling BLAS on its
+own thread: the cores are used, and nothing spins.  Both numpy's ufuncs and
+its BLAS calls release the GIL on large arrays.
+
+So the user's own setting decides: ``OPENBLAS_NUM_THREADS=1``, or a
+``threadpool_limits(1)`` around the call, runs every block on the calling
+thread, as before.  An op that takes no BLAS limit (a small op, or with the
+limit switched off) runs serially too, so that threaded BLAS calls are never
+made from several threads at once.
+
+Blocks are handed out one at a time, so at most ``width()`` blocks are in
+memory at once.  The calling thread works too.  numpy's error state (a
+context variable) goes with each block.  A block's exception, or a
+KeyboardInterrupt in the calling thread, stops the handing out; the blocks
+already started finish (each is short), and then the first exception is
+raised in the calling thread.  Work started inside a block runs serially.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from . import _threads
+
+__all__ = ["for_each", "width"]
+
+# At most this many threads, whatever the BLAS pool: each holds a block (a few MiB) at a time.
+_MAX_WIDTH = 8
+
+_local = threading.local()  # .inside: this thread is running a block
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def width() -> int:
+    """How many threads the current thread may use for its blocks now (1: run them serially)."""
+    if getattr(_local, "inside", False):
+        return 1
+    return max(1, min(_threads.width(), _MAX_WIDTH))
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _pool_lock:
+        # A forked child inherits the pool but not its threads: it makes its own.
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max_workers=_MAX_WIDTH - 1, thread_name_prefix="exactref")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+class _Feed:
+    """Hands out the indices 0..count-1, one at a time, until they run out or it is stopped."""
+
+    def __init__(self, count: int) -> None:
+        self._next = 0
+        self._count = count
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def take(self) -> int | None:
+        with self._lock:
+            if self.stopped or self._next >= self._count:
+                return None
+            i, self._next = self._next, self._next + 1
+            return i
+
+
+def _drain(fn: Callable[[int], None], feed: _Feed) -> None:
+    _local.inside = True
+    try:
+        while (i := feed.take()) is not None:
+            try:
+                fn(i)
+            except BaseException:
+                feed.stopped = True
+                raise
+    finally:
+        _local.inside = False
+
+
+def for_each(fn: Callable[[int], None], count: int) -> None:
+    """``fn(i)`` for each i in 0..count-1, on up to :func:`width` threads; ``fn`` must write only its own
+    block's output.  Returns once every call has returned; raises the first exception any raised."""
+    threads = min(width(), count)
+    if threads <= 1:
+        for i in range(count):
+            fn(i)
+        return
+    feed = _Feed(count)
+    pool = _executor()
+    helpers: list[Future[None]] = [pool.submit(contextvars.copy_context().run, _drain, fn, feed)
+                                   for _ in range(threads - 1)]
+    error: BaseException | None = None
+    try:
+        _drain(fn, feed)
+    except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt too: the helpers must stop before it goes up
+        feed.stopped = True
+        error = exc
+    for helper in helpers:
+        try:
+            helper.result()
+        except BaseException as exc:  # noqa: BLE001 - the helper's own, or a KeyboardInterrupt while waiting
+            feed.stopped = True
+            error = error or exc
+            if helper.running():  # interrupted while waiting: the rest stop after their block
+                break
+    if error is not None:
+        raise error

@@ -1,0 +1,212 @@
+"""An op's blocks run side by side on its own threads (exactref/_parallel.py).
+
+The results must not depend on how many threads ran them; the threads must
+be as many as numpy's BLAS had when the op began (the user's setting); a
+block's exception, or a KeyboardInterrupt, must stop the rest and come up in
+the calling thread; numpy's error state must reach every block.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import threadpoolctl
+
+import exactref as er
+import exactref._parallel as parallel
+import exactref._threads as threads
+
+
+def blas_threads() -> list[int]:
+    return [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+
+
+needs_blas = pytest.mark.skipif(not blas_threads(), reason="threadpoolctl sees no BLAS library in this process")
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    """Every op may use 4 threads, whatever this machine's BLAS pool."""
+    monkeypatch.setattr(parallel, "width", lambda: 1 if getattr(parallel._local, "inside", False) else 4)
+
+
+def _fields(res: er.Result) -> list[np.ndarray]:
+    """Every array of every part of the judgement."""
+    return [np.asarray(getattr(part, name), dtype=np.float64) for part in res._parts
+            for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance")]
+
+
+rng = np.random.default_rng(12)
+CASES = {  # each large enough to be cut into several blocks
+    "matmul float64": lambda: er.matmul(rng.standard_normal((700, 300)), rng.standard_normal((300, 600))),
+    "matmul float32": lambda: er.matmul(rng.standard_normal((900, 64)).astype(np.float32),
+                                        rng.standard_normal((64, 800)).astype(np.float32)),
+    "sum float32, one long row": lambda: er.sum(rng.standard_normal(9 * 10**6).astype(np.float32)),
+    "sum float32, rows": lambda: er.sum(rng.standard_normal((64, 1 << 17)).astype(np.float32), axis=1),
+    "sum float64, one long row": lambda: er.sum(rng.standard_normal(5 * 10**6) * 2.0 ** rng.integers(-30, 30, 5 * 10**6)),
+    "sum float64, rows": lambda: er.sum(rng.standard_normal((40, 1 << 17)), axis=1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_results_do_not_depend_on_the_threads(case, monkeypatch):
+    state = rng.bit_generator.state
+    serial = _fields(CASES[case]())
+    rng.bit_generator.state = state
+    calls: list[int] = []
+    real = parallel.for_each
+
+    def counting(fn, count):
+        calls.append(count)
+        return real(fn, count)
+    monkeypatch.setattr(parallel, "width", lambda: 1 if getattr(parallel._local, "inside", False) else 4)
+    for module in ("exactref.engine.sumprod", "exactref.engine.fast"):
+        monkeypatch.setattr(f"{module}.for_each", counting)
+    side_by_side = _fields(CASES[case]())
+    assert max(calls) > 1, "the case was meant to be cut into several blocks"
+    for a, b in zip(serial, side_by_side):
+        np.testing.assert_array_equal(a, b)
+        assert np.array_equal(np.signbit(a), np.signbit(b))
+
+
+def test_blocks_run_on_several_threads_and_each_once(wide):
+    seen: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def block(i: int) -> None:
+        time.sleep(0.01)  # long enough for the helpers to take some
+        with lock:
+            seen[i] = threading.get_ident()
+    parallel.for_each(block, 12)
+    assert sorted(seen) == list(range(12))
+    assert len(set(seen.values())) > 1
+
+
+def test_a_block_inside_a_block_runs_serially(wide):
+    inner: list[int] = []
+
+    def block(i: int) -> None:
+        assert parallel.width() == 1
+        parallel.for_each(lambda j: inner.append(threading.get_ident()), 3)
+    parallel.for_each(block, 4)
+    assert len(inner) == 12
+
+
+def test_a_blocks_exception_stops_the_rest_and_comes_up(wide):
+    ran: list[int] = []
+
+    def block(i: int) -> None:
+        ran.append(i)
+        time.sleep(0.005)
+        if i == 2:
+            raise ValueError("block 2")
+    with pytest.raises(ValueError, match="block 2"):
+        parallel.for_each(block, 200)
+    assert len(ran) < 20  # the handing out stopped; the blocks started finished
+    assert not any(t.name.startswith("exactref") and _busy(t) for t in threading.enumerate())
+
+
+def _busy(thread: threading.Thread) -> bool:
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "_drain":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_keyboard_interrupt_in_the_calling_thread_stops_the_helpers(wide):
+    ran: list[int] = []
+    main = threading.get_ident()
+
+    def block(i: int) -> None:
+        ran.append(i)
+        time.sleep(0.005)
+        if threading.get_ident() == main and len(ran) > 3:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        parallel.for_each(block, 500)
+    count = len(ran)
+    time.sleep(0.05)
+    assert len(ran) == count < 50  # nothing runs after it came up
+
+
+def test_numpy_error_state_reaches_every_block(wide):
+    raised: list[bool] = []
+    lock = threading.Lock()
+
+    def block(i: int) -> None:
+        time.sleep(0.005)
+        try:
+            np.array(1.0) / np.array(0.0)
+            ok = False
+        except FloatingPointError:
+            ok = True
+        with lock:
+            raised.append(ok)
+    with np.errstate(divide="raise"):
+        parallel.for_each(block, 8)
+    assert raised == [True] * 8
+
+
+@needs_blas
+def test_the_width_is_the_blas_pool_before_the_limit(monkeypatch):
+    monkeypatch.setattr(threads, "_SMALL", -1)
+    seen: list[int] = []
+    M = np.ones((2, 2), dtype=np.float32)
+
+    def spy(*args, **kwargs):
+        seen.append(parallel.width())
+        return real(*args, **kwargs)
+    real = er.matmul._forward
+    monkeypatch.setattr(er.matmul, "_forward", spy)
+    for outer in (3, 1):
+        with threadpoolctl.threadpool_limits(limits=outer, user_api="blas"):
+            er.matmul(M, M)
+    assert seen == [3, 1]
+    assert parallel.width() == 1  # outside any op
+
+
+@needs_blas
+def test_a_small_op_and_another_thread_run_serially(monkeypatch):
+    monkeypatch.setattr(threads, "_SMALL", 64)
+    seen: dict[str, int] = {}
+    real = er.matmul._forward
+    M = np.ones((2, 2), dtype=np.float32)
+
+    def spy(*args, **kwargs):
+        seen.setdefault("small op", parallel.width())
+        return real(*args, **kwargs)
+    monkeypatch.setattr(er.matmul, "_forward", spy)
+    with threadpoolctl.threadpool_limits(limits=3, user_api="blas"):
+        er.matmul(M, M)
+        with threads.own_threads():  # this thread holds the limit: another thread's op may not widen
+            other = threading.Thread(target=lambda: seen.setdefault("other thread", parallel.width()))
+            other.start()
+            other.join()
+            seen["owner"] = parallel.width()
+    assert seen == {"small op": 1, "other thread": 1, "owner": 3}
+
+
+def _child(queue) -> None:
+    parallel.for_each(lambda i: None, 6)
+    queue.put("done")
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+def test_a_forked_child_makes_its_own_threads(wide):
+    parallel.for_each(lambda i: time.sleep(0.001), 6)  # the parent's pool exists
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child, args=(queue,))
+    child.start()
+    child.join(30)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0 and queue.get(timeout=5) == "done"
