@@ -210,3 +210,27 @@ def test_a_forked_child_makes_its_own_threads(wide):
     if alive:
         child.kill()
     assert not alive and child.exitcode == 0 and queue.get(timeout=5) == "done"
+
+
+def test_attention_does_not_depend_on_the_threads(monkeypatch):
+    gen = np.random.default_rng(3)
+    q, k, v, g = (gen.standard_normal((1, 2, 300, 16)).astype(np.float32) for _ in range(4))
+
+    def run() -> list[np.ndarray]:
+        res = er.scaled_dot_product_attention(q, k, v)
+        grads = res.backward(g)
+        return _fields(res) + [a for name in grads for a in _fields(grads[name])]
+    serial = run()
+    calls: list[int] = []
+    real = parallel.for_each
+
+    def counting(fn, count):
+        calls.append(count)
+        return real(fn, count)
+    monkeypatch.setattr(parallel, "width", lambda: 1 if getattr(parallel._local, "inside", False) else 4)
+    for module in ("_first", "_model", "_second"):
+        monkeypatch.setattr(f"exactref.ops.attention.{module}.for_each", counting)
+    side_by_side = run()
+    assert max(calls) > 1
+    for a, b in zip(serial, side_by_side, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -29,6 +29,7 @@ import math
 import mpmath
 import numpy as np
 
+from ..._parallel import for_each
 from ...engine.fast import gamma, matmul_sliced, two_prod, two_sum, up
 from ._problem import Problem
 
@@ -85,8 +86,10 @@ def exp_bounded(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     flat = y.reshape(-1)
     w = np.empty_like(flat)
     rel = np.empty_like(flat)
-    for a in range(0, flat.size, _BLOCK):
+    def block(i: int) -> None:
+        a = i * _BLOCK
         w[a:a + _BLOCK], rel[a:a + _BLOCK] = _exp_block(flat[a:a + _BLOCK])
+    for_each(block, -(-flat.size // _BLOCK))
     return w.reshape(y.shape), rel.reshape(y.shape)
 
 
@@ -157,8 +160,21 @@ def _sum_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def matmul_up(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """An upper bound on A @ B for nonnegative A and B (float64 rounding and underflow included)."""
     n = A.shape[-1]
-    with np.errstate(over="ignore", invalid="ignore"):
-        return up((A @ B) / (1 - g(n)) + n * TINY)
+    shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1])
+    M = shape[-2]
+    step = max(1, _MATMUL_BLOCK // max(math.prod(shape) // max(M, 1), 1))
+    out = np.empty(shape)
+
+    def block(i: int) -> None:
+        rows = slice(i * step, (i + 1) * step)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out[..., rows, :] = up((A[..., rows, :] @ B) / (1 - g(n)) + n * TINY)
+    # Blocks of rows side by side (exactref/_parallel.py): the values do not depend on the blocks.
+    for_each(block, -(-M // step))
+    return out
+
+
+_MATMUL_BLOCK = 1 << 18  # output elements per block of matmul_up
 
 
 def sliced(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -204,14 +220,18 @@ def by_rows(fn, H: int, L: int, *arrays):
             for a in arrays]
     width = max([math.prod(f.shape[1:]) for f in flat if f is not None] + [1])
     step = max(1, _BLOCK // max(width, 1))
-    outs = None
-    for a in range(0, max(n, 1), step):
-        sl = slice(a, a + step)
+    starts = range(0, max(n, 1), step)
+    outs: list[np.ndarray] = []
+
+    def block(i: int) -> None:
+        sl = slice(starts[i], starts[i] + step)
         res = fn(*(x if f is None else f[sl] for x, f in zip(arrays, flat)))
-        if outs is None:
-            outs = [np.empty((n,) + r.shape[1:], dtype=r.dtype) for r in res]
+        if not outs:
+            outs.extend(np.empty((n,) + r.shape[1:], dtype=r.dtype) for r in res)
         for o, r in zip(outs, res):
             o[sl] = r
+    block(0)  # its results' shapes and dtypes make the outputs; the rest side by side
+    for_each(lambda i: block(i + 1), len(starts) - 1)
     return [o.reshape((H, L) + o.shape[1:]) for o in outs]
 
 
@@ -316,11 +336,12 @@ class FirstPass:
             rows = _Rows(H * L, S)
             flat = [a.reshape(H * L, S) for a in (d_hi, d_lo, d_rad, unmasked)]
             add = None if pb.additive is None else pb.additive.reshape(H * L, S)
-            for sl in rows.blocks():
-                rows.logits(sl, *(a[sl] for a in flat), None if add is None else add[sl], s, ds)
+            blocks = rows.blocks()  # independent: side by side (exactref/_parallel.py)
+            for_each(lambda i: rows.logits(blocks[i], *(a[blocks[i]] for a in flat),
+                                           None if add is None else add[blocks[i]], s, ds), len(blocks))
             W, W_err = _sum_rows(rows.w)
-            for sl in rows.blocks():
-                rows.weights(sl, flat[3][sl], W[sl], W_err[sl])
+            for_each(lambda i: rows.weights(blocks[i], flat[3][blocks[i]], W[blocks[i]], W_err[blocks[i]]),
+                     len(blocks))
             for name in ("Z", "ez", "P", "P_up", "e_P"):
                 setattr(self, name, getattr(rows, name).reshape(H, L, S))
             for name in ("full", "M", "pi", "logit_rowmax"):

@@ -25,6 +25,7 @@ import math
 import mpmath
 import numpy as np
 
+from ..._parallel import for_each
 from ...engine.fast import up
 from ._first import TINY, FirstPass, expm1_up, ratio_error
 from ._problem import Problem
@@ -259,7 +260,10 @@ class SecondPass:
         X = np.zeros((len(hs), m), dtype=LD)
         Xe = np.zeros((len(hs), m))
         Y = np.zeros((len(hs), m))
-        for h in np.unique(hs):
+        heads = np.unique(hs)
+
+        def head(i: int) -> None:
+            h = heads[i]
             sel = np.flatnonzero(hs == h)
             if which in ("out", "query"):
                 # Only the elements' own rows; they are indexed through ``index`` below.
@@ -281,6 +285,7 @@ class SecondPass:
                     X[sel], Xe[sel], Y[sel] = dS[rr], e_dS[rr], fp.Kh[h][:, c[sel]].T
                 else:
                     X[sel], Xe[sel], Y[sel] = dS[:, rr].T, e_dS[:, rr].T, fp.Qh[h][:, c[sel]].T
+        for_each(head, len(heads))  # independent heads, side by side (exactref/_parallel.py)
         return X, Xe, Y
 
     def enclose(self, which: str, flats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
