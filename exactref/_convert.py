@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ._parallel import copy_array
 from .formats import (
     FLOAT8_FORMATS,
     FLOAT32,
@@ -250,7 +251,7 @@ def _infer_format(arr: np.ndarray, obj: Any) -> Format | ComplexFormat:
 def convert(arr: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
     """``arr`` in ``fmt``, each value rounded once, correctly."""
     if arr.dtype == fmt.dtype:
-        return np.array(arr, copy=True)
+        return copy_array(arr)  # the op's own copy: what the caller does to arr later does not reach it
     if arr.dtype.kind == "c" and not fmt.is_complex:
         raise TypeError(f"complex values cannot be converted to {fmt.name}; use a complex format")
     if arr.dtype.kind not in "fciub" and arr.dtype.name not in FORMATS:

@@ -31,9 +31,11 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
+
 from . import _threads
 
-__all__ = ["for_each", "width"]
+__all__ = ["copy_array", "for_each", "width"]
 
 # At most this many threads, whatever the BLAS pool: each holds a block (a few MiB) at a time.
 _MAX_WIDTH = 8
@@ -119,3 +121,21 @@ def for_each(fn: Callable[[int], None], count: int) -> None:
                 break
     if error is not None:
         raise error
+
+
+# Elements per block of copy_array(): large enough that handing it out costs nothing.
+_COPY_BLOCK = 1 << 20
+
+
+def copy_array(a: np.ndarray) -> np.ndarray:
+    """``np.array(a, copy=True)``, a large C-contiguous array copied in blocks side by side."""
+    if a.size < 2 * _COPY_BLOCK or not a.flags.c_contiguous or width() == 1:
+        return np.array(a, copy=True)
+    out = np.empty_like(a)
+    src, dst = a.reshape(-1), out.reshape(-1)
+
+    def block(i: int) -> None:
+        cut = slice(i * _COPY_BLOCK, (i + 1) * _COPY_BLOCK)
+        np.copyto(dst[cut], src[cut])
+    for_each(block, -(-a.size // _COPY_BLOCK))
+    return out

@@ -302,6 +302,7 @@ def _sum_block(block: np.ndarray, narrow: bool) -> tuple[np.ndarray, np.ndarray,
 # Blocks at least this long take _first_level; its passes cover about this many float64 values.
 _FUSED_MIN = 1 << 12
 _FUSED_CHUNK = 1 << 17
+_FUSED_PARALLEL = 1 << 21
 
 
 def _first_level(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -336,7 +337,8 @@ def _first_level(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         np.add.reduce(part, axis=1, out=first[:, j0:j1])
         np.abs(part, out=part)
         np.add.reduce(part, axis=1, out=first_abs[:, j0:j1])
-    for_each(bunch, len(starts))
+    # Side by side only for a block long enough to pay for waking the helpers (about 0.1 ms).
+    (for_each if block.size >= _FUSED_PARALLEL else _serial)(bunch, len(starts))
     return first, first_abs
 
 

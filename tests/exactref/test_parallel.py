@@ -234,3 +234,23 @@ def test_attention_does_not_depend_on_the_threads(monkeypatch):
     assert max(calls) > 1
     for a, b in zip(serial, side_by_side, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_blocked_copy_is_a_copy(wide):
+    a = np.arange(5 * parallel._COPY_BLOCK + 7, dtype=np.float32).reshape(-1, 1)
+    b = parallel.copy_array(a)
+    assert b.shape == a.shape and b.dtype == a.dtype
+    np.testing.assert_array_equal(a, b)
+    a[-1] = -1.0  # the last, short block was copied too, and apart
+    assert b[-1, 0] == 5 * parallel._COPY_BLOCK + 6
+
+
+@pytest.mark.parametrize("where", [0, 1 << 20, -1])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_blocked_finiteness_check_finds_one_bad_value(wide, where, bad):
+    from exactref.ops.reduction import _all_finite
+    x = np.ones(3 * (1 << 20) + 5, dtype=np.float32)
+    assert _all_finite(x)
+    x[where] = bad
+    assert not _all_finite(x)
+    assert er.sum(x).rounded != er.sum(np.ones_like(x)).rounded
