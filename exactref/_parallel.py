@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _threads
 
-__all__ = ["copy_array", "for_each", "width"]
+__all__ = ["copy_array", "for_each", "serially", "width"]
 
 # At most this many threads, whatever the BLAS pool: each holds a block (a few MiB) at a time.
 _MAX_WIDTH = 8
@@ -93,13 +93,18 @@ def _drain(fn: Callable[[int], None], feed: _Feed) -> None:
         _local.inside = False
 
 
+def serially(fn: Callable[[int], None], count: int) -> None:
+    """``fn(i)`` for each i in 0..count-1 on this thread: :func:`for_each` for work too small to share."""
+    for i in range(count):
+        fn(i)
+
+
 def for_each(fn: Callable[[int], None], count: int) -> None:
     """``fn(i)`` for each i in 0..count-1, on up to :func:`width` threads; ``fn`` must write only its own
     block's output.  Returns once every call has returned; raises the first exception any raised."""
     threads = min(width(), count)
     if threads <= 1:
-        for i in range(count):
-            fn(i)
+        serially(fn, count)
         return
     feed = _Feed(count)
     pool = _executor()

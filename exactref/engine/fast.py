@@ -25,13 +25,12 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._parallel import for_each
+from .._parallel import for_each, serially
 from ..rounding import next_up
 
 __all__ = [
@@ -234,18 +233,13 @@ def long_sums(X: np.ndarray, narrow: bool) -> Enclosure:
                 hi[part], lo[part], rad[part], S[part] = _sum_block(rows[part], narrow)
             # Independent blocks, side by side (exactref/_parallel.py); a narrow block's first
             # level is shared out within it instead (_first_level), where the work is.
-            (for_each if not narrow or len(starts) > 1 else _serial)(block, len(starts))
+            (for_each if not narrow or len(starts) > 1 else serially)(block, len(starts))
         else:
             for i in range(rows.shape[0]):
                 hi[i], lo[i], rad[i], S[i] = _long_row(rows[i], narrow)
     bad = ~np.isfinite(hi) | ~np.isfinite(lo) | ~(rad < np.inf) | np.isnan(S)
     return Enclosure(np.where(bad, 0.0, hi).reshape(lead), np.where(bad, 0.0, lo).reshape(lead),
                      np.where(bad, np.inf, rad).reshape(lead), S.reshape(lead))
-
-
-def _serial(fn: Callable[[int], None], count: int) -> None:
-    for i in range(count):
-        fn(i)
 
 
 def _long_row(row: np.ndarray, narrow: bool) -> tuple[float, float, float, float]:
@@ -256,7 +250,7 @@ def _long_row(row: np.ndarray, narrow: bool) -> tuple[float, float, float, float
     def block(i: int) -> None:
         parts[i] = _sum_block(row[None, starts[i]:starts[i] + _SUM_BLOCK], narrow)
     # A narrow block shares out its own first level (_first_level), which balances better.
-    (_serial if narrow else for_each)(block, len(starts))
+    (serially if narrow else for_each)(block, len(starts))
     his, los, rads, Ss = (np.concatenate(v) for v in zip(*parts))
     h, lo, r = tree_sum(np.concatenate([his, los])[None, :])
     g = 1 + 2 * gamma(len(parts), U64)  # the float64 sums of the blocks' bounds
@@ -338,7 +332,7 @@ def _first_level(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         np.abs(part, out=part)
         np.add.reduce(part, axis=1, out=first_abs[:, j0:j1])
     # Side by side only for a block long enough to pay for waking the helpers (about 0.1 ms).
-    (for_each if block.size >= _FUSED_PARALLEL else _serial)(bunch, len(starts))
+    (for_each if block.size >= _FUSED_PARALLEL else serially)(bunch, len(starts))
     return first, first_abs
 
 

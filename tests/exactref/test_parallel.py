@@ -8,7 +8,8 @@ the calling thread; numpy's error state must reach every block.
 
 from __future__ import annotations
 
-import multiprocessing
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -193,23 +194,27 @@ def test_a_small_op_and_another_thread_run_serially(monkeypatch):
     assert seen == {"small op": 1, "other thread": 1, "owner": 3}
 
 
-def _child(queue) -> None:
-    parallel.for_each(lambda i: None, 6)
-    queue.put("done")
+# Run in a fresh interpreter: forking this test process, where JAX's threads may run, could itself
+# deadlock the child.
+_FORK_SCRIPT = """
+import os, time
+import exactref._parallel as parallel
+parallel.width = lambda: 1 if getattr(parallel._local, "inside", False) else 4
+parallel.for_each(lambda i: time.sleep(0.001), 6)  # the parent's pool exists
+pid = os.fork()
+if pid == 0:
+    parallel.for_each(lambda i: time.sleep(0.001), 6)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child exit", os.waitstatus_to_exitcode(status))
+"""
 
 
-@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
-def test_a_forked_child_makes_its_own_threads(wide):
-    parallel.for_each(lambda i: time.sleep(0.001), 6)  # the parent's pool exists
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_child, args=(queue,))
-    child.start()
-    child.join(30)
-    alive = child.is_alive()
-    if alive:
-        child.kill()
-    assert not alive and child.exitcode == 0 and queue.get(timeout=5) == "done"
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_makes_its_own_threads():
+    run = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], check=False, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["child", "exit", "0"]
 
 
 def test_attention_does_not_depend_on_the_threads(monkeypatch):

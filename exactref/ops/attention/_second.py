@@ -25,7 +25,7 @@ import math
 import mpmath
 import numpy as np
 
-from ..._parallel import for_each
+from ..._parallel import for_each, serially
 from ...engine.fast import up
 from ._first import TINY, FirstPass, expm1_up, ratio_error
 from ._problem import Problem
@@ -33,6 +33,7 @@ from ._problem import Problem
 __all__ = ["SecondPass", "available"]
 
 LD = np.longdouble
+_SHARED_HEAD = 1 << 14  # a head of at least this many weights is worth a thread of its own
 _INFO = np.finfo(LD)
 _P = _INFO.nmant + 1
 U2 = float(_INFO.eps) / 2
@@ -285,7 +286,9 @@ class SecondPass:
                     X[sel], Xe[sel], Y[sel] = dS[rr], e_dS[rr], fp.Kh[h][:, c[sel]].T
                 else:
                     X[sel], Xe[sel], Y[sel] = dS[:, rr].T, e_dS[:, rr].T, fp.Qh[h][:, c[sel]].T
-        for_each(head, len(heads))  # independent heads, side by side (exactref/_parallel.py)
+        # Independent heads, side by side (exactref/_parallel.py), where a head's rows are worth
+        # waking the helpers for.
+        (for_each if self.pb.L * self.pb.S >= _SHARED_HEAD else serially)(head, len(heads))
         return X, Xe, Y
 
     def enclose(self, which: str, flats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
