@@ -225,8 +225,9 @@ def enclose(terms: list[Term], shape: tuple[int, ...]) -> fast.Enclosure:
     return fast.Enclosure(hi, lo, np.where(unsafe, np.inf, r), S)
 
 
-# Output elements per block of rows: the float64 temporaries of a block stay near 2 MiB each.
-_BLOCK = 1 << 18
+# Output elements per block of rows: the float64 temporaries of a block stay near 1 MiB each,
+# and a 512 x 512 output makes two blocks, for two threads (exactref/_parallel.py).
+_BLOCK = 1 << 17
 # Float64 pieces gathered at once for the undecided elements: 32 MiB.
 _PIECES = 1 << 22
 

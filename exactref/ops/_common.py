@@ -217,8 +217,8 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
                   typical=typical_at if typical is not None else None)
 
 
-# Elements judged at a time: the judgement's float64 temporaries stay near 2 MiB each.
-_JUDGE_BLOCK = 1 << 18
+# Elements judged at a time: the judgement's float64 temporaries stay near 1 MiB each.
+_JUDGE_BLOCK = 1 << 17
 
 
 def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None,
