@@ -169,7 +169,10 @@ def test_the_width_is_the_blas_pool_before_the_limit(monkeypatch):
     for outer in (3, 1):
         with threadpoolctl.threadpool_limits(limits=outer, user_api="blas"):
             er.matmul(M, M)
-    assert seen == [3, 1]
+    monkeypatch.setattr(threads, "_enabled", False)  # the limit switched off: BLAS threads itself
+    with threadpoolctl.threadpool_limits(limits=3, user_api="blas"):
+        er.matmul(M, M)
+    assert seen == [3, 1, 1]
     assert parallel.width() == 1  # outside any op
 
 
