@@ -54,11 +54,9 @@ CASES = {  # each large enough to be cut into several blocks
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_results_do_not_depend_on_the_threads(case, monkeypatch):
-    state = rng.bit_generator.state
-    serial = _fields(CASES[case]())
-    rng.bit_generator.state = state
+def _serial_then_shared(monkeypatch, modules: list[str], run) -> None:
+    """``run()`` on one thread, then with 4 threads through ``modules``' for_each: the same arrays."""
+    serial = run()
     calls: list[int] = []
     real = parallel.for_each
 
@@ -66,13 +64,23 @@ def test_results_do_not_depend_on_the_threads(case, monkeypatch):
         calls.append(count)
         return real(fn, count)
     monkeypatch.setattr(parallel, "width", lambda: 1 if getattr(parallel._local, "inside", False) else 4)
-    for module in ("exactref.engine.sumprod", "exactref.engine.fast"):
+    for module in modules:
         monkeypatch.setattr(f"{module}.for_each", counting)
-    side_by_side = _fields(CASES[case]())
+    side_by_side = run()
     assert max(calls) > 1, "the case was meant to be cut into several blocks"
-    for a, b in zip(serial, side_by_side):
+    for a, b in zip(serial, side_by_side, strict=True):
         np.testing.assert_array_equal(a, b)
         assert np.array_equal(np.signbit(a), np.signbit(b))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_results_do_not_depend_on_the_threads(case, monkeypatch):
+    state = rng.bit_generator.state
+
+    def run() -> list[np.ndarray]:
+        rng.bit_generator.state = state  # the same draw both times
+        return _fields(CASES[case]())
+    _serial_then_shared(monkeypatch, ["exactref.engine.sumprod", "exactref.engine.fast"], run)
 
 
 def test_blocks_run_on_several_threads_and_each_once(wide):
@@ -228,20 +236,7 @@ def test_attention_does_not_depend_on_the_threads(monkeypatch):
         res = er.scaled_dot_product_attention(q, k, v)
         grads = res.backward(g)
         return _fields(res) + [a for name in grads for a in _fields(grads[name])]
-    serial = run()
-    calls: list[int] = []
-    real = parallel.for_each
-
-    def counting(fn, count):
-        calls.append(count)
-        return real(fn, count)
-    monkeypatch.setattr(parallel, "width", lambda: 1 if getattr(parallel._local, "inside", False) else 4)
-    for module in ("_first", "_model", "_second"):
-        monkeypatch.setattr(f"exactref.ops.attention.{module}.for_each", counting)
-    side_by_side = run()
-    assert max(calls) > 1
-    for a, b in zip(serial, side_by_side, strict=True):
-        np.testing.assert_array_equal(a, b)
+    _serial_then_shared(monkeypatch, [f"exactref.ops.attention.{m}" for m in ("_first", "_model", "_second")], run)
 
 
 def test_the_blocked_copy_is_a_copy(wide):
