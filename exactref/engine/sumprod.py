@@ -396,16 +396,22 @@ def _bounds_lo_zero(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, np.nda
 
     With lo = +0, ``lo - rad``, ``lo + rad`` and ``|lo| + rad`` are ``-rad``, ``rad`` and ``rad``
     (``hi + (0 - rad)`` and ``hi - rad`` differ at most in the sign of a zero, from which
-    :func:`exactref.rounding.below` subtracts a positive slack either way).  The slack
-    ``(|v| + rad) * _REL + _ABS`` of both ends is computed at once.
+    :func:`exactref.rounding.below` subtracts a positive slack either way).  Each end's slack
+    ``(|v| + rad) * _REL + _ABS`` is computed in place in one buffer: a block's temporaries
+    are fresh memory, whose page faults cost more than the arithmetic.
     """
+    shape = np.shape(hi)
+    low, high, slack = np.empty(shape), np.empty(shape), np.empty(shape)  # (0-d arrays too)
     with np.errstate(invalid="ignore", over="ignore"):
-        ends = np.empty((2,) + np.shape(hi))
-        low, high = ends[0, ...], ends[1, ...]  # (views, 0-d ones too)
         np.subtract(hi, rad, out=low)
         np.add(hi, rad, out=high)
-        slack = (np.abs(ends) + rad) * _REL + _ABS
-        return np.subtract(low, slack[0, ...]), np.add(high, slack[1, ...])
+        for end, sign in ((low, np.subtract), (high, np.add)):
+            np.abs(end, out=slack)
+            np.add(slack, rad, out=slack)
+            np.multiply(slack, _REL, out=slack)
+            np.add(slack, _ABS, out=slack)
+            sign(end, slack, out=end)
+    return low, high
 
 
 def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
