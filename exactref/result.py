@@ -164,7 +164,12 @@ def _ends(x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray,
     low_at, high_at = v[0, ...], v[1, ...]  # (views, 0-d ones too)
     np.subtract(x_lo, E, out=low_at)
     np.add(x_hi, E, out=high_at)
-    slack = (np.abs(v) + E) * _REL + _ABS
+    # The slack in place, in one buffer: a large judgement's fresh temporaries cost more in
+    # page faults than in arithmetic.
+    slack = np.abs(v)
+    np.add(slack, E, out=slack)
+    np.multiply(slack, _REL, out=slack)
+    np.add(slack, _ABS, out=slack)
     np.subtract(low_at, slack[0, ...], out=low_at)  # (in place: elementwise)
     np.add(high_at, slack[1, ...], out=high_at)
     rounded = round_float64(v, fmt)
