@@ -86,6 +86,7 @@ def exp_bounded(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     flat = y.reshape(-1)
     w = np.empty_like(flat)
     rel = np.empty_like(flat)
+
     def block(i: int) -> None:
         a = i * _BLOCK
         w[a:a + _BLOCK], rel[a:a + _BLOCK] = _exp_block(flat[a:a + _BLOCK])
@@ -169,7 +170,8 @@ def matmul_up(A: np.ndarray, B: np.ndarray) -> np.ndarray:
         rows = slice(i * step, (i + 1) * step)
         with np.errstate(over="ignore", invalid="ignore"):
             out[..., rows, :] = up((A[..., rows, :] @ B) / (1 - g(n)) + n * TINY)
-    # Blocks of rows side by side (exactref/_parallel.py): the values do not depend on the blocks.
+    # Blocks of rows side by side (exactref/_parallel.py).  The blocks are fixed, so the values
+    # do not depend on the threads; each block's bound holds whatever order its BLAS adds in.
     for_each(block, -(-M // step))
     return out
 
