@@ -16,8 +16,8 @@ limit switched off) runs serially too, so that threaded BLAS calls are never
 made from several threads at once.
 
 Blocks are handed out one at a time, so at most ``width()`` blocks are in
-memory at once.  The calling thread works too.  numpy's error state (a
-context variable) goes with each block.  A block's exception, or a
+memory at once.  The calling thread works too.  numpy's error state goes
+with each block.  A block's exception, or a
 KeyboardInterrupt in the calling thread, stops the handing out; the blocks
 already started finish (each is short), and then the first exception is
 raised in the calling thread.  Work started inside a block runs serially.
@@ -93,6 +93,11 @@ def _drain(fn: Callable[[int], None], feed: _Feed) -> None:
         _local.inside = False
 
 
+def _helper(err: dict[str, str], fn: Callable[[int], None], feed: _Feed) -> None:
+    with np.errstate(**err):
+        _drain(fn, feed)
+
+
 def serially(fn: Callable[[int], None], count: int) -> None:
     """``fn(i)`` for each i in 0..count-1 on this thread: :func:`for_each` for work too small to share."""
     for i in range(count):
@@ -108,7 +113,9 @@ def for_each(fn: Callable[[int], None], count: int) -> None:
         return
     feed = _Feed(count)
     pool = _executor()
-    helpers: list[Future[None]] = [pool.submit(contextvars.copy_context().run, _drain, fn, feed)
+    # numpy's error state is a context variable from numpy 2 on, and per thread before: both ways.
+    err = np.geterr()
+    helpers: list[Future[None]] = [pool.submit(contextvars.copy_context().run, _helper, err, fn, feed)
                                    for _ in range(threads - 1)]
     error: BaseException | None = None
     try:
