@@ -60,7 +60,7 @@ def attention_case(shape: tuple[int, ...]) -> Case:
 
 def matmul_case(n: int, backward: bool, dtype: torch.dtype = torch.float32) -> Case:
     gen = torch.Generator().manual_seed(0)
-    A, B, G = (torch.randn(n, n, generator=gen).to(dtype) for _ in range(3))
+    A, B, G = (torch.randn(n, n, generator=gen, dtype=dtype) for _ in range(3))
 
     def exact() -> None:
         r = er.matmul(A, B)
