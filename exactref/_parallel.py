@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _threads
 
-__all__ = ["copy_array", "for_each", "serially", "width"]
+__all__ = ["copy_array", "for_each", "for_each_slice", "serially", "width"]
 
 # At most this many threads, whatever the BLAS pool: each holds a block (a few MiB) at a time.
 _MAX_WIDTH = 8
@@ -135,6 +135,21 @@ def for_each(fn: Callable[[int], None], count: int) -> None:
         raise error
 
 
+def for_each_slice(fn: Callable[[slice], None], n: int, step: int, *, first_alone: bool = False) -> None:
+    """``fn(cut)`` for the blocks ``cut`` of ``step`` items that cover 0..n-1, by :func:`for_each`.  With
+    ``first_alone`` the first block (empty if n is 0) runs on this thread before the rest: its results
+    can make the output arrays the others write into."""
+    count = -(-n // step)
+
+    def block(i: int) -> None:
+        fn(slice(i * step, (i + 1) * step))
+    if first_alone:
+        block(0)
+        for_each(lambda i: block(i + 1), count - 1)
+    else:
+        for_each(block, count)
+
+
 # Elements per block of copy_array(): large enough that handing it out costs nothing.
 _COPY_BLOCK = 1 << 20
 
@@ -145,9 +160,5 @@ def copy_array(a: np.ndarray) -> np.ndarray:
         return np.array(a, copy=True)
     out = np.empty_like(a)
     src, dst = a.reshape(-1), out.reshape(-1)
-
-    def block(i: int) -> None:
-        cut = slice(i * _COPY_BLOCK, (i + 1) * _COPY_BLOCK)
-        np.copyto(dst[cut], src[cut])
-    for_each(block, -(-a.size // _COPY_BLOCK))
+    for_each_slice(lambda cut: np.copyto(dst[cut], src[cut]), a.size, _COPY_BLOCK)
     return out

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .._parallel import for_each, serially
+from .._parallel import for_each, for_each_slice, serially
 from ..rounding import next_up
 
 __all__ = [
@@ -226,14 +226,11 @@ def long_sums(X: np.ndarray, narrow: bool) -> Enclosure:
     step = _SUM_BLOCK // max(T, 1)
     with np.errstate(over="ignore", invalid="ignore"):
         if step >= 1:
-            starts = range(0, rows.shape[0], step)
-
-            def block(i: int) -> None:
-                part = slice(starts[i], starts[i] + step)
+            def block(part: slice) -> None:
                 hi[part], lo[part], rad[part], S[part] = _sum_block(rows[part], narrow)
-            # Independent blocks, side by side (exactref/_parallel.py); a narrow block's first
-            # level is shared out within it instead (_first_level), where the work is.
-            (for_each if not narrow or len(starts) > 1 else serially)(block, len(starts))
+            # Independent blocks, side by side (exactref/_parallel.py).  A single block runs on
+            # this thread, so a narrow one shares out its own first level (_first_level).
+            for_each_slice(block, rows.shape[0], step)
         else:
             for i in range(rows.shape[0]):
                 hi[i], lo[i], rad[i], S[i] = _long_row(rows[i], narrow)
@@ -396,14 +393,12 @@ def matmul_sliced(A: np.ndarray, B: np.ndarray) -> Enclosure:
         if step >= M:
             return right.times(A)
         hi, lo, rad, S = (np.empty(shape) for _ in range(4))
-        starts = range(0, M, step)
 
-        def block(i: int) -> None:
-            rows = slice(starts[i], starts[i] + step)
+        def block(rows: slice) -> None:
             enc = right.times(A[..., rows, :])
             cut = (Ellipsis, rows, slice(None))
             hi[cut], lo[cut], rad[cut], S[cut] = enc.hi, enc.lo, enc.rad, enc.S
-        for_each(block, len(starts))
+        for_each_slice(block, M, step)
         return Enclosure(hi, lo, rad, S)
 
 

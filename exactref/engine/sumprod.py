@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .._parallel import for_each
+from .._parallel import for_each_slice
 from ..formats import Format
 from ..rounding import (  # _REL, _ABS: the slack of below() and above(), see _bounds_lo_zero
     _ABS,
@@ -253,23 +253,21 @@ def _solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
         return _solve_block(terms, shape, fmt)
     rounded, x_lo, x_hi, S = (np.empty(shape) for _ in range(4))
     axis = max(len(shape) - 2, 0)
-    starts = range(0, shape[axis], step)
-    undecided = [0] * len(starts)
+    undecided: list[int] = []  # appends are atomic: the order does not matter
     for t in terms:
         t.prepare()  # once, before the blocks share it
 
-    def block(i: int) -> None:
-        start = starts[i]
-        stop = min(start + step, shape[axis])
+    def block(rows: slice) -> None:
+        start, stop = rows.start, min(rows.stop, shape[axis])
         sub = [t.rows(start, stop, shape) for t in terms]
         cut = (slice(None),) * axis + (slice(start, stop),)
         sol = _solve_block(sub, shape[:axis] + (stop - start,) + shape[axis + 1:], fmt)
         for whole, part in ((rounded, sol.rounded), (x_lo, sol.x_lo), (x_hi, sol.x_hi), (S, sol.S)):
             whole[cut] = part
-        undecided[i] = sol.undecided
+        undecided.append(sol.undecided)
 
     # The blocks are independent: side by side on the op's threads (exactref/_parallel.py).
-    for_each(block, len(starts))
+    for_each_slice(block, shape[axis], step)
     return Solution(rounded, x_lo, x_hi, S, sum(undecided))
 
 

@@ -21,7 +21,7 @@ from .._convert import (
     convert,
     format_of_dtype,
 )
-from .._parallel import for_each
+from .._parallel import for_each_slice
 from .._threads import own_threads, small
 from ..engine.sumprod import Solution, Term, exact_fraction, solve, specials
 from ..formats import ComplexFormat, Format, part_of
@@ -237,10 +237,8 @@ def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None
     step = max(1, _JUDGE_BLOCK // max(size // shape[0], 1))
     full = [None if v is None else np.broadcast_to(v, shape) for v in (E, special, overflow, nan_also)]
     out: dict[str, np.ndarray] = {"rounded": sol.rounded, "x_lo": sol.x_lo, "x_hi": sol.x_hi}
-    starts = range(0, shape[0], step)
 
-    def block(i: int) -> None:
-        cut = slice(starts[i], starts[i] + step)
+    def block(cut: slice) -> None:
         E_b, special_b, overflow_b, nan_b = (None if v is None else v[cut] for v in full)
         part = judge(sol.rounded[cut], sol.x_lo[cut], sol.x_hi[cut], E_b, fmt, special=special_b,
                      overflow=overflow_b, nan_also=nan_b, via=via)
@@ -249,8 +247,8 @@ def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None
             if name not in out:
                 out[name] = np.empty(shape, dtype=value.dtype)
             out[name][cut] = value
-    block(0)  # it makes the output arrays; the other blocks side by side (exactref/_parallel.py)
-    for_each(lambda i: block(i + 1), len(starts) - 1)
+    # The first block makes the output arrays; the others side by side (exactref/_parallel.py).
+    for_each_slice(block, shape[0], step, first_alone=True)
     return Part(**out)
 
 

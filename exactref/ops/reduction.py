@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._convert import operand, values_of
-from .._parallel import for_each
+from .._parallel import for_each_slice
 from ..engine.fast import up
 from ..engine.sumprod import RowTerm, Solution, Term
 from ..formats import part_of
@@ -71,12 +71,8 @@ def _all_finite(x: np.ndarray) -> bool:
         flat = x.reshape(-1) if x.flags.c_contiguous else None
         if flat is None or flat.size < 2 * _FINITE_BLOCK:
             return _finite_range(x)
-        count = -(-flat.size // _FINITE_BLOCK)
-        ok = [False] * count
-
-        def block(i: int) -> None:
-            ok[i] = _finite_range(flat[i * _FINITE_BLOCK:(i + 1) * _FINITE_BLOCK])
-        for_each(block, count)
+        ok: list[bool] = []  # appends are atomic: the order does not matter
+        for_each_slice(lambda cut: ok.append(_finite_range(flat[cut])), flat.size, _FINITE_BLOCK)
         return all(ok)
     return bool(np.isfinite(x).all())
 

@@ -8,6 +8,7 @@ the calling thread; numpy's error state must reach every block.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -55,7 +56,8 @@ CASES = {  # each large enough to be cut into several blocks
 
 
 def _serial_then_shared(monkeypatch, modules: list[str], run) -> None:
-    """``run()`` on one thread, then with 4 threads through ``modules``' for_each: the same arrays."""
+    """``run()`` on one thread, then with 4 threads through ``for_each`` (``modules``' own references to it,
+    and for_each_slice's): the same arrays."""
     serial = run()
     calls: list[int] = []
     real = parallel.for_each
@@ -64,8 +66,10 @@ def _serial_then_shared(monkeypatch, modules: list[str], run) -> None:
         calls.append(count)
         return real(fn, count)
     monkeypatch.setattr(parallel, "width", lambda: 1 if getattr(parallel._local, "inside", False) else 4)
+    monkeypatch.setattr(parallel, "for_each", counting)
     for module in modules:
-        monkeypatch.setattr(f"{module}.for_each", counting)
+        if hasattr(importlib.import_module(module), "for_each"):
+            monkeypatch.setattr(f"{module}.for_each", counting)
     side_by_side = run()
     assert max(calls) > 1, "the case was meant to be cut into several blocks"
     for a, b in zip(serial, side_by_side, strict=True):
@@ -94,6 +98,34 @@ def test_blocks_run_on_several_threads_and_each_once(wide):
     parallel.for_each(block, 12)
     assert sorted(seen) == list(range(12))
     assert len(set(seen.values())) > 1
+
+
+@pytest.mark.parametrize("n, step", [(0, 4), (1, 4), (12, 4), (13, 4), (3, 1)])
+def test_slices_cover_each_index_once(wide, n, step):
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def block(cut: slice) -> None:
+        time.sleep(0.002)
+        with lock:
+            seen.extend(range(n)[cut])
+    parallel.for_each_slice(block, n, step)
+    assert sorted(seen) == list(range(n))
+
+
+def test_the_first_slice_alone_runs_first_on_the_calling_thread(wide):
+    order: list[tuple[int, int]] = []
+
+    def block(cut: slice) -> None:
+        if cut.start:
+            time.sleep(0.002)
+        order.append((cut.start, threading.get_ident()))
+    parallel.for_each_slice(block, 40, 5, first_alone=True)
+    assert order[0] == (0, threading.get_ident())
+    assert sorted(start for start, _ in order) == list(range(0, 40, 5))
+    order.clear()
+    parallel.for_each_slice(block, 0, 5, first_alone=True)  # one empty block, on this thread
+    assert order == [(0, threading.get_ident())]
 
 
 def test_a_block_inside_a_block_runs_serially(wide):

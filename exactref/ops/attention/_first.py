@@ -29,7 +29,7 @@ import math
 import mpmath
 import numpy as np
 
-from ..._parallel import for_each
+from ..._parallel import for_each, for_each_slice
 from ...engine.fast import gamma, matmul_sliced, two_prod, two_sum, up
 from ._problem import Problem
 
@@ -87,10 +87,9 @@ def exp_bounded(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     w = np.empty_like(flat)
     rel = np.empty_like(flat)
 
-    def block(i: int) -> None:
-        a = i * _BLOCK
-        w[a:a + _BLOCK], rel[a:a + _BLOCK] = _exp_block(flat[a:a + _BLOCK])
-    for_each(block, -(-flat.size // _BLOCK))
+    def block(cut: slice) -> None:
+        w[cut], rel[cut] = _exp_block(flat[cut])
+    for_each_slice(block, flat.size, _BLOCK)
     return w.reshape(y.shape), rel.reshape(y.shape)
 
 
@@ -166,13 +165,12 @@ def matmul_up(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     step = max(1, _MATMUL_BLOCK // max(math.prod(shape) // max(M, 1), 1))
     out = np.empty(shape)
 
-    def block(i: int) -> None:
-        rows = slice(i * step, (i + 1) * step)
+    def block(rows: slice) -> None:
         with np.errstate(over="ignore", invalid="ignore"):
             out[..., rows, :] = up((A[..., rows, :] @ B) / (1 - g(n)) + n * TINY)
     # Blocks of rows side by side (exactref/_parallel.py).  The blocks are fixed, so the values
     # do not depend on the threads; each block's bound holds whatever order its BLAS adds in.
-    for_each(block, -(-M // step))
+    for_each_slice(block, M, step)
     return out
 
 
@@ -222,18 +220,16 @@ def by_rows(fn, H: int, L: int, *arrays):
             for a in arrays]
     width = max([math.prod(f.shape[1:]) for f in flat if f is not None] + [1])
     step = max(1, _BLOCK // max(width, 1))
-    starts = range(0, max(n, 1), step)
     outs: list[np.ndarray] = []
 
-    def block(i: int) -> None:
-        sl = slice(starts[i], starts[i] + step)
+    def block(sl: slice) -> None:
         res = fn(*(x if f is None else f[sl] for x, f in zip(arrays, flat)))
         if not outs:
             outs.extend(np.empty((n,) + r.shape[1:], dtype=r.dtype) for r in res)
         for o, r in zip(outs, res):
             o[sl] = r
-    block(0)  # its results' shapes and dtypes make the outputs; the rest side by side
-    for_each(lambda i: block(i + 1), len(starts) - 1)
+    # The first block's results' shapes and dtypes make the outputs; the rest side by side.
+    for_each_slice(block, n, step, first_alone=True)
     return [o.reshape((H, L) + o.shape[1:]) for o in outs]
 
 

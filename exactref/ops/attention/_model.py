@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._parallel import for_each
+from ..._parallel import for_each_slice
 from ...engine.fast import gamma, up
 from ...formats import FLOAT32, Format
 from ._caps import backward_cap, ds_kernel_bound, forward_cap
@@ -175,11 +175,10 @@ class _Weights:
                  up((1 + _g(E + 4, u)) * u_in * s), eta_in)
         step = max(1, _BLOCK // max(S, 1))
 
-        def block(i: int) -> None:
-            sl = slice(i * step, (i + 1) * step)
+        def block(sl: slice) -> None:
             self._block(sl, {name: x[sl] for name, x in flat.items()}, None if add is None else add[sl],
                         fp.M.reshape(n)[sl], fp.logit_rowmax.reshape(n)[sl], l1q[sl], l1k[heads[sl]], coefs)
-        for_each(block, -(-n // step))  # independent blocks of rows, side by side
+        for_each_slice(block, n, step)  # independent blocks of rows, side by side
         self.delta, self.rho = self.delta.reshape(H, L, S), self.rho.reshape(H, L, S)
         self.r = self.r.reshape(H, L)
         F = (1 + k * u) / (1 - k * u) / ((1 - _g(S + nb, u)) * (1 - u) ** 2)
