@@ -99,6 +99,10 @@ class Enclosure:
     S: np.ndarray
     # lo is exactly +0 everywhere (products of narrow values), which lets the bounds skip it.
     lo_zero: bool = False
+    # Where ``exact`` is True, the float64 ``pieces`` sum exactly to the exact value (hi among
+    # them): a few terms to round exactly, where the enclosure cannot decide (a tie, say).
+    pieces: tuple[np.ndarray, ...] | None = None
+    exact: np.ndarray | None = None
 
 
 def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -478,16 +482,21 @@ class Right:
     For the bound S on ``|A| @ |B|`` it keeps ``|B|``, in float32 where that
     is safe.  For float64 inputs (``narrow`` False) it also keeps B's slices:
     each row of A and column of B is cut into two slices of beta bits and a
-    remainder, ``A = A0 + A1 + RA`` and likewise B.  The leading products
-    ``A0 B0``, ``A0 B1`` and ``A1 B0`` are exact in float64 (Ozaki's
-    error-free slicing); the rest,
+    remainder, ``A = A0 + A1 + RA`` and likewise B.  The products of two
+    slices, ``A0 B0``, ``A0 B1``, ``A1 B0`` and ``A1 B1``, are exact in
+    float64 (Ozaki's error-free slicing); the rest,
 
-        A @ B - (A0 B0 + A0 B1 + A1 B0) = (A0 + A1) RB + A1 B1 + RA B,
+        A @ B - (A0 + A1)(B0 + B1) = (A0 + A1) RB + RA B,
 
-    about 2**(-2 beta) of the result, is three plain float64 products whose
+    about 2**(-2 beta) of the result, is two plain float64 products whose
     rounding errors (at most gamma_K of their absolute terms) are bounded by
     rank-one bounds.  Six BLAS products in all leave undecided only the
     float64 roundings within about 2**-75 (relative) of a rounding boundary.
+    Where a row of A and a column of B have no remainder (values of at most
+    2 beta significant bits, such as float32 values widened), the element is
+    exactly the sum of the four exact slice products, which the enclosure
+    keeps as its ``pieces``; a remainder that is zero altogether is not
+    multiplied.
     """
 
     def __init__(self, B: np.ndarray, *, narrow: bool) -> None:
@@ -508,9 +517,10 @@ class Right:
             g = 1 + 2 * gamma(K, U64)  # a float64 sum of K terms errs by at most gamma_K relative
             self.rows = np.concatenate([
                 np.max(np.abs(self.RB), axis=-2, keepdims=True, initial=0.0),
-                up(np.sum(np.abs(self.B1), axis=-2, keepdims=True) * g),
                 up(np.sum(absB, axis=-2, keepdims=True) * g)], axis=-2)
             del absB
+            self.RB_cols = np.any(self.RB != 0, axis=-2)  # the columns of B with a remainder
+            self.RB_any = bool(self.RB_cols.any())
 
     def out_shape(self, A: np.ndarray) -> tuple[int, ...]:
         return np.broadcast_shapes(A.shape[:-2], self.B.shape[:-2]) + (A.shape[-2], self.B.shape[-1])
@@ -563,38 +573,48 @@ class Right:
             return Enclosure(z, z.copy(), z.copy(), S)
         (A0, A1), RA, lowA = _slices(A, -1, self.beta, 2, absA)
         del absA
-        # The products' own arrays are reused for the rest (in place: the same operations).
+        RA_rows = np.any(RA != 0, axis=-1)  # the rows of A with a remainder
+        # The products' own arrays are reused (in place: the same operations).  Each two-sum
+        # is exact, so hi + e1 + e2 + e3 is (A0 + A1)(B0 + B1) exactly.
         hi, e1 = _two_sum_into(A0 @ self.B0, A0 @ self.B1)
         hi, e2 = _two_sum_into(hi, A1 @ self.B0)
-        # The rest, A0 RB + A1 (B1 + RB) + RA B, as (A0 + A1) RB + A1 B1 + RA B: B1 + RB
-        # would be one more array of B's size to keep.  A0 + A1 is exact: it is A itself
-        # where A1's unit 2**u1 is at most ulp(A); otherwise a multiple of 2**u1 of
-        # magnitude below |A| + 2**(u1 - 1), at most 2**52 units.
+        hi, e3 = _two_sum_into(hi, A1 @ self.B1)
+        # The rest, A0 RB + A1 RB + RA B, as (A0 + A1) RB + RA B: B1 + RB would be one more
+        # array of B's size to keep.  A0 + A1 is exact: it is A itself where A1's unit 2**u1
+        # is at most ulp(A); otherwise a multiple of 2**u1 of magnitude below
+        # |A| + 2**(u1 - 1), at most 2**52 units.
         A0 += A1
-        rest = A0 @ self.RB
-        rest += A1 @ self.B1
-        rest += RA @ self.B
-        t = np.add(e1, e2, out=e1)
+        del A1
+        rest = A0 @ self.RB if self.RB_any else np.zeros(hi.shape)
+        if RA_rows.any():
+            rest += RA @ self.B
+        exact = ~RA_rows[..., :, None] & ~self.RB_cols[..., None, :]
+        pieces = None
+        if exact.any():  # their sum is the exact value there: kept apart from lo's roundings
+            pieces = (hi, e1.copy(), e2.copy(), e3.copy())
+        t12 = np.add(e1, e2, out=e1)
+        t = np.add(t12, e3, out=e2)
         lo = np.add(t, rest, out=rest)
         g = 1 + 2 * gamma(K, U64)
         cols = np.concatenate([up(np.sum(np.abs(A0), axis=-1, keepdims=True) * g),
-                               np.max(np.abs(A1), axis=-1, keepdims=True, initial=0.0),
                                np.max(np.abs(RA), axis=-1, keepdims=True, initial=0.0)], axis=-1)
-        del A0, A1, RA
-        # sum|A0 + A1||RB| + |A1||B1| + |RA||B| <= R, by a rank-one bound for each piece;
-        # rounded up twice for the float64 products of three terms.
+        del A0, RA
+        # sum|A0 + A1||RB| + |RA||B| <= R, by a rank-one bound for each piece; rounded up
+        # twice for the float64 products of two terms.
         R = _up_into(_up_into(cols @ self.rows))
-        # The three products err by gamma_K R plus half a subnormal per product that
-        # underflows, their two additions by about 2 u R; forming lo costs u (|t| + |lo|):
-        # rad = up(gamma_{K+3} R + U64 (|t| + |lo|) + 3 K 2**-1074), in place.
-        tl = np.abs(t, out=t)
-        np.add(tl, np.abs(lo, out=e2), out=tl)
+        # The two products err by gamma_K R plus half a subnormal per product that
+        # underflows, their addition by about u R (counted as three); forming lo costs
+        # u (|t12| + |t| + |lo|):
+        # rad = up(gamma_{K+3} R + U64 (|t12| + |t| + |lo|) + 3 K 2**-1074), in place.
+        tl = np.abs(t12, out=t12)
+        np.add(tl, np.abs(t, out=t), out=tl)
+        np.add(tl, np.abs(lo, out=e3), out=tl)
         np.multiply(tl, U64, out=tl)
         rad = np.multiply(R, gamma(K + 3, U64), out=R)
         np.add(rad, tl, out=rad)
         np.add(rad, 3 * K * 2.0 ** -1074, out=rad)
         rad = _up_into(rad)
-        del tl, e2
+        del tl, t, e3
         # A slice product whose unit underflows float64 is not exact.
         tiny = (lowA[..., :, None] + self.lowB[..., None, :]) < -1074 + 53
         ok = np.isfinite(hi)
@@ -604,7 +624,10 @@ class Right:
         if tiny.any() or not ok.all():
             bad = tiny | ~ok
             hi, lo, rad = np.where(bad, 0.0, hi), np.where(bad, 0.0, lo), np.where(bad, np.inf, rad)
-        return Enclosure(hi, lo, rad, S)
+            exact &= ~bad
+        if pieces is None or not exact.any():
+            return Enclosure(hi, lo, rad, S)
+        return Enclosure(hi, lo, rad, S, pieces=pieces, exact=exact)
 
 
 def fits_narrow(p: int) -> bool:

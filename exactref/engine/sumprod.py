@@ -293,13 +293,16 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solu
         x_lo, x_hi = _bounds_lo_zero(enc.hi, enc.rad) if enc.lo_zero else enclosure_bounds(enc.hi, enc.lo, enc.rad)
         rounded, decided = _decide_narrow(x_lo, x_hi, fmt)
     S = np.asarray(enc.S, dtype=np.float64).reshape(shape)
-    del enc
     # Fresh, writable float64 arrays (the undecided elements are written in below).
     rounded, x_lo, x_hi = (_fresh(v).reshape(shape) for v in (rounded, x_lo, x_hi))
     undecided = ~np.asarray(decided)
     if not undecided.any():  # the usual case: cheaper than np.flatnonzero, which a small output notices
         return Solution(rounded, x_lo, x_hi, S, 0)
     idx = np.flatnonzero(undecided)
+    count = idx.size
+    if enc.pieces is not None and enc.exact is not None:
+        idx = _round_pieces(enc.pieces, enc.exact, idx, fmt, rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
+    del enc
     per_row = max(1, 2 * _length(terms))
     if idx.size and per_row > _PIECES:
         # Rows too long to gather at once: exactly, a block of terms at a time.
@@ -311,7 +314,25 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solu
         for start in range(0, idx.size, step):
             _exact_round(terms, shape, idx[start:start + step], fmt,
                          rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
-    return Solution(rounded, x_lo, x_hi, S, idx.size)
+    return Solution(rounded, x_lo, x_hi, S, count)
+
+
+def _round_pieces(parts: tuple[np.ndarray, ...], exact: np.ndarray, idx: np.ndarray, fmt: Format,
+                  flat_r: np.ndarray, flat_lo: np.ndarray, flat_hi: np.ndarray) -> np.ndarray:
+    """Round exactly the elements of ``idx`` where ``exact`` says the few ``parts`` sum to the exact
+    value (:class:`fast.Enclosure`), by math.fsum; returns the rest of ``idx``.  A zero sum is left
+    to the exact path, which knows the sign of a zero."""
+    mine = idx[exact.reshape(-1)[idx]]
+    if not mine.size:
+        return idx
+    pieces = np.stack([np.asarray(p).reshape(-1)[mine] for p in parts], axis=1)
+    value, lo, hi, ok = round_rows(pieces, fmt.p)
+    if fmt.p != 53:
+        value = round_float64(value, fmt)
+    ok &= (lo != 0) | (hi != 0)
+    done = mine[ok]
+    flat_r[done], flat_lo[done], flat_hi[done] = value[ok], lo[ok], hi[ok]
+    return np.setdiff1d(idx, done, assume_unique=True)
 
 
 def _fresh(v: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ import pytest
 
 import exactref as er
 from exactref import _convert as convert_module
+from exactref.engine import sumprod as sumprod_module
 
 from .oracle import round_fraction
 
@@ -89,6 +90,53 @@ def test_float64_matmul_1024_against_fractions_with_planted_hard_cases():
         check_element(res, exact_dot(A[i], B[:, j]), (i, j), "float64")
     for i, j in zip(rng.integers(0, n, 40), rng.integers(0, n, 40)):
         check_element(res, exact_dot(A[i], B[:, j]), (int(i), int(j)), "float64")
+
+
+# (what, row of A, column of B (their first entries), float64 rounding expected): float32 values,
+# within 2**42 of their row's (column's) largest, so each element is the sum of its four exact slice
+# products, and rounding it exactly takes those few pieces instead of the 1024 products.
+PIECES_PLANTED = [
+    ("tie, to even", [1.0, 2.0 ** -30], [1.0, 2.0 ** -23], 1.0),
+    ("tie, odd below", [1.0, 2.0 ** -29, 2.0 ** -30], [1.0, 2.0 ** -23, 2.0 ** -23], 1.0 + 2.0 ** -51),
+    ("negative tie", [-1.0, -(2.0 ** -30)], [1.0, 2.0 ** -23], -1.0),
+    ("a hair above a tie", [1.0, 2.0 ** -30, 2.0 ** -35], [1.0, 2.0 ** -23, 2.0 ** -30], 1.0 + 2.0 ** -52),
+    ("a hair below a tie", [1.0, 2.0 ** -30, -(2.0 ** -35)], [1.0, 2.0 ** -23, 2.0 ** -30], 1.0),
+]
+
+
+def test_float64_matmul_of_float32_values_1024_rounds_ties_from_the_slice_products(monkeypatch):
+    # torch.randn(n, n).double() in a kernel's test: float32 values in float64.
+    rng = np.random.default_rng(21)
+    n = 1024
+    A = rng.standard_normal((n, n)).astype(np.float32).astype(np.float64)
+    B = rng.standard_normal((n, n)).astype(np.float32).astype(np.float64)
+    where = []
+    for k, (_, a, b, _) in enumerate(PIECES_PLANTED):
+        i, j = 2 + 5 * k, 3 + 9 * k
+        A[i, :] = 0.0
+        A[i, :len(a)] = a
+        B[:len(b), j] = b
+        where.append((i, j))
+    sizes: list[int] = []
+    real = sumprod_module._round_pieces
+
+    def spy(parts, exact, idx, *args):
+        rest = real(parts, exact, idx, *args)
+        sizes.append(idx.size - rest.size)
+        return rest
+    monkeypatch.setattr(sumprod_module, "_round_pieces", spy)
+    res = er.matmul(A, B)
+    assert sum(sizes) >= 3, "the planted ties were meant to be rounded from the slice products"
+    for (i, j), (what, _, _, expected) in zip(where, PIECES_PLANTED):
+        assert float(res.rounded[i, j]) == expected, what
+        check_element(res, exact_dot(A[i], B[:, j]), (i, j), "float64")
+    for i, j in zip(rng.integers(0, n, 30), rng.integers(0, n, 30)):
+        check_element(res, exact_dot(A[i], B[:, j]), (int(i), int(j)), "float64")
+    # Every array is the one the exact path (over all 1024 products) gives.
+    monkeypatch.setattr(sumprod_module, "_round_pieces", lambda parts, exact, idx, *args: idx)
+    again = er.matmul(A, B)
+    for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "tolerance"):
+        np.testing.assert_array_equal(getattr(res._parts[0], name), getattr(again._parts[0], name), err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
