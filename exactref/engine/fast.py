@@ -495,13 +495,14 @@ class Right:
     Where a row of A and a column of B have no remainder (values of at most
     2 beta significant bits, such as float32 values widened), the element is
     exactly the sum of the four exact slice products, which the enclosure
-    keeps as its ``pieces``; a remainder that is zero altogether is not
-    multiplied.
+    keeps as its ``pieces`` if ``pieces`` is True; a remainder that is zero
+    altogether is not multiplied.
     """
 
-    def __init__(self, B: np.ndarray, *, narrow: bool) -> None:
+    def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False) -> None:
         self.B = B
         self.narrow = narrow
+        self.pieces = pieces
         self.BT: np.ndarray | None = None  # B's transpose, contiguous, once many columns are gathered
         K = B.shape[-2]
         self.K = K
@@ -588,10 +589,11 @@ class Right:
         rest = A0 @ self.RB if self.RB_any else np.zeros(hi.shape)
         if RA_rows.any():
             rest += RA @ self.B
-        exact = ~RA_rows[..., :, None] & ~self.RB_cols[..., None, :]
-        pieces = None
-        if exact.any():  # their sum is the exact value there: kept apart from lo's roundings
-            pieces = (hi, e1.copy(), e2.copy(), e3.copy())
+        pieces = exact = None
+        if self.pieces:  # where rows and columns have no remainder, hi + e1 + e2 + e3 is the value
+            exact = ~RA_rows[..., :, None] & ~self.RB_cols[..., None, :]
+            if exact.any():  # kept apart from lo's roundings
+                pieces = (hi, e1.copy(), e2.copy(), e3.copy())
         t12 = np.add(e1, e2, out=e1)
         t = np.add(t12, e3, out=e2)
         lo = np.add(t, rest, out=rest)
@@ -624,8 +626,9 @@ class Right:
         if tiny.any() or not ok.all():
             bad = tiny | ~ok
             hi, lo, rad = np.where(bad, 0.0, hi), np.where(bad, 0.0, lo), np.where(bad, np.inf, rad)
-            exact &= ~bad
-        if pieces is None or not exact.any():
+            if exact is not None:
+                exact &= ~bad
+        if pieces is None or exact is None or not exact.any():
             return Enclosure(hi, lo, rad, S)
         return Enclosure(hi, lo, rad, S, pieces=pieces, exact=exact)
 

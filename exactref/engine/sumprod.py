@@ -68,7 +68,7 @@ class MatmulTerm:
     def prepare(self) -> None:
         """Prepare B, once for all the blocks of rows."""
         if self.right is None:
-            self.right = fast.Right(self.B, narrow=self.narrow)
+            self.right = fast.Right(self.B, narrow=self.narrow, pieces=True)
 
     def enclose(self, shape: tuple[int, ...]) -> fast.Enclosure:
         self.prepare()
