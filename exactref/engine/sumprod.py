@@ -585,6 +585,8 @@ def _refine(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray, np
     values are garbage.
     """
     hi, lo, rad = fast.tree_sum(pieces)
+    # hi + lo is the exact sum itself where the error bound is below the grid the pieces lie on.
+    np.copyto(rad, 0.0, where=rad < _grid(pieces))
     with np.errstate(invalid="ignore", over="ignore"):
         s = hi + lo
         e = (hi - s) + lo  # exact: |hi| >= |lo| is required below
@@ -607,13 +609,33 @@ def _refine(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray, np
             # Round to odd at 53 bits, then to nearest at p <= 51 bits (Boldo and Melquiond).
             odd = (x_lo.view(np.int64) & 1).astype(bool)
             value = round_float64(np.where(odd, x_lo, x_hi), fmt)
-        exact = (rad == 0) & (lo == 0) & (hi != 0)
-        x_lo, x_hi = np.where(exact, hi, x_lo), np.where(exact, hi, x_hi)
-        value = np.where(exact, round_float64(hi, fmt), value)
+        # No error, and s + e = hi + lo with e = 0: the exact sum is the float64 s.
+        exact = (rad == 0) & (e == 0) & (s != 0) & (np.abs(hi) >= np.abs(lo))
+        x_lo, x_hi = np.where(exact, s, x_lo), np.where(exact, s, x_hi)
+        value = np.where(exact, round_float64(s, fmt), value)
     return value, x_lo, x_hi, ok | exact
 
 
 _F64_MAX = float(np.finfo(np.float64).max)
+
+
+def _grid(pieces: np.ndarray) -> np.ndarray:
+    """Per row, a power of two 2**g of which every piece is a multiple: the lowest set bit among them
+    (0 where that is below 2**-1074, or where every piece is zero).
+
+    So is the exact row sum, and so are tree_sum's hi and lo: two-sums and float64 roundings of
+    multiples of 2**g stay multiples of 2**g (a rounding's ulp is at least 2**g, or it is exact).
+    Where tree_sum's ``|exact - (hi + lo)| <= rad`` has rad below 2**g, the difference, a multiple
+    of 2**g, is zero: hi + lo is the exact sum.  A sum of float32 products that cancels to a small
+    value is such a sum: exactly a float64, and undecided by any error bound that is not zero.
+    """
+    frac, ex = np.frexp(pieces)  # pieces = m * 2**(ex - 53), m an integer below 2**53
+    m = np.ldexp(frac, 53).astype(np.int64)
+    with np.errstate(under="ignore"):
+        low = np.ldexp(np.bitwise_and(m, -m).astype(np.float64), ex - 53)  # lowest set bit (or 0)
+    low[pieces == 0] = np.inf
+    g = np.min(low, axis=1, initial=np.inf)
+    return np.where(g < np.inf, g, 0.0)
 
 
 def _pieces(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
