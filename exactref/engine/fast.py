@@ -504,6 +504,8 @@ class Right:
         self.narrow = narrow
         self.pieces = pieces
         self.BT: np.ndarray | None = None  # B's transpose, contiguous, once many columns are gathered
+        self.gathered = 0  # columns of B gathered so far, by all the blocks of rows
+        self.lock = threading.Lock()  # the blocks share it (exactref/_parallel.py)
         K = B.shape[-2]
         self.K = K
         # No floating-point exception here: |B| goes to float32 only where it fits.

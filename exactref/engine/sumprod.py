@@ -87,12 +87,17 @@ class MatmulTerm:
         b_batch = _batch_index(batch, self.B.shape[:-2], len(shape) - 2)
         X = self.A[..., cols][a_batch + (i, slice(None))]
         # Index B's columns through its transpose so that the advanced indices stay adjacent;
-        # for many elements, through a contiguous copy of it, kept while B is prepared.
+        # once the blocks of rows have gathered many columns, through a contiguous copy of it,
+        # kept while B is prepared: a strided column costs a cache line per value, and past
+        # N / 8 columns that is more than the copy.
         BT = np.swapaxes(self.B, -1, -2)
-        if self.right is not None and idx.size * 8 > self.B.shape[-1]:
-            if self.right.BT is None:
-                self.right.BT = np.ascontiguousarray(BT)
-            BT = self.right.BT
+        if self.right is not None:
+            with self.right.lock:
+                self.right.gathered += idx.size
+                if self.right.BT is None and self.right.gathered * 8 > self.B.shape[-1]:
+                    self.right.BT = np.ascontiguousarray(BT)
+                if self.right.BT is not None:
+                    BT = self.right.BT
         Y = BT[..., cols][b_batch + (j, slice(None))]
         K = X.shape[-1]
         return X.reshape(idx.size, K), Y.reshape(idx.size, K)
@@ -585,8 +590,20 @@ def _refine(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray, np
     values are garbage.
     """
     hi, lo, rad = fast.tree_sum(pieces)
-    # hi + lo is the exact sum itself where the error bound is below the grid the pieces lie on.
-    np.copyto(rad, 0.0, where=rad < _grid(pieces))
+    value, x_lo, x_hi, ok = _decide_refined(hi, lo, rad, fmt)
+    rest = np.flatnonzero(~ok)
+    if rest.size:
+        # hi + lo is the exact sum itself where the error bound is below the grid the pieces lie on.
+        sure = rest[rad[rest] < _grid(pieces[rest])]
+        if sure.size:
+            value[sure], x_lo[sure], x_hi[sure], ok[sure] = _decide_refined(hi[sure], lo[sure],
+                                                                           np.zeros(sure.size), fmt)
+    return value, x_lo, x_hi, ok
+
+
+def _decide_refined(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray,
+                    fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_refine`'s decision from the tree sums' enclosures ``hi + lo +- rad``."""
     with np.errstate(invalid="ignore", over="ignore"):
         s = hi + lo
         e = (hi - s) + lo  # exact: |hi| >= |lo| is required below
