@@ -50,8 +50,8 @@ SMALL_TARGET = 2000
 def inputs(dtype: str, n: int, values: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Standard normal A and B in ``dtype``; ``values``: a format they are rounded to first."""
     rng = np.random.default_rng(0)
-    return tuple(er.asarray(er.asarray(rng.standard_normal((n, n)), values or dtype), dtype)  # type: ignore[return-value]
-                 for _ in range(2))
+    A, B = (er.asarray(er.asarray(rng.standard_normal((n, n)), values or dtype), dtype) for _ in range(2))
+    return A, B
 
 
 def big_row(dtype: str, n: int, repeat: int, memory: bool, values: str | None = None) -> str:

@@ -306,7 +306,8 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solu
     idx = np.flatnonzero(undecided)
     count = idx.size
     if enc.pieces is not None and enc.exact is not None:
-        idx = _round_pieces(enc.pieces, enc.exact, idx, fmt, rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
+        idx = _round_pieces(enc.pieces, enc.exact, idx, fmt,
+                            rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
     del enc
     per_row = max(1, 2 * _length(terms))
     if idx.size and per_row > _PIECES:
