@@ -270,3 +270,40 @@ def test_jax_backend_known_failures_have_the_stated_causes():
     exact = ref.backward(g)["grad_query"]
     assert np.asarray(exact.rounded).tolist() == [[0.0]]
     assert not exact.covers(np.asarray(grads["grad_query"])).any()
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_structural_zeros_counted_at_once_agree_term_by_term(monkeypatch, gqa):
+    # Every element of every output, both ways: masked rows and keys, zero rows of dO and of V, a
+    # row with one key, zero columns of q and k, and (with gqa) heads sharing key and value.
+    from exactref.ops.attention import _certified
+
+    rng = np.random.default_rng(3)
+    H, Hkv, L, S, E = 4, (2 if gqa else 4), 6, 5, 3
+    q, k, v = rng.standard_normal((H, L, E)), rng.standard_normal((Hkv, S, E)), rng.standard_normal((Hkv, S, 2))
+    q[:, :, 1] = 0.0
+    k[0, :, 2] = 0.0
+    v[:, 3] = 0.0
+    v[1] = 0.0
+    mask = rng.random((H, L, S)) < 0.7
+    mask[:, 0] = False  # a row with nothing to attend
+    mask[:, 1] = False
+    mask[:, 1, 2] = True  # a row with one key
+    mask[:, :, 4] = False  # a key nobody attends
+    grad = rng.standard_normal((H, L, 2))
+    grad[:, 2] = 0.0
+    checked = []
+    real = _certified.Refiner.structural_zeros
+
+    def both(self, which, flat):
+        every = np.arange(math.prod(self._shape(which)))
+        b, r, c = np.unravel_index(every, self._shape(which))
+        counted = self._term_counts(which)[b, r, c] == 0
+        np.testing.assert_array_equal(counted, self._zero_terms(which, b, r, c), err_msg=which)
+        checked.append((which, int(counted.sum()), int((~counted).sum())))
+        return real(self, which, flat)
+    monkeypatch.setattr(_certified.Refiner, "structural_zeros", both)
+    out = er.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    out.backward(grad)
+    assert {w for w, _, _ in checked} == {"out", "query", "key", "value"}
+    assert all(zeros and others for _, zeros, others in checked), checked  # both kinds in each output

@@ -42,6 +42,7 @@ sign proven to round to zero is +0.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import Any
@@ -75,6 +76,9 @@ WHICH = ("out", "query", "key", "value")
 DEFAULT_BUDGET = float(2 ** 27)
 _FRACTION = 24.0  # units per key and per pair of the split's Fraction arithmetic (measured: 1 to 6 us)
 _REPORT_WORK = float(2 ** 22)  # the most work exact_value spends on a split before a direct ball
+# Structural zeros are counted for every element at once (a few matrix products) when at least
+# one element in this many is asked about; term by term for fewer.
+_ZERO_COUNTS = 64
 
 
 def _fraction(n: int, e: int) -> Fraction:
@@ -254,17 +258,43 @@ class Refiner:
 
     def structural_zeros(self, which: str, flat: np.ndarray) -> np.ndarray:
         """Bool per flat index: every term of the element is exactly zero."""
-        pb, fp = self.pb, self.fp
         b, r, c = np.unravel_index(flat, self._shape(which))
+        if flat.size * _ZERO_COUNTS >= math.prod(self._shape(which)):
+            # Many elements (a float64 output leaves them all): every element's count of nonzero
+            # terms at once, as products of 0/1 matrices, exact in float64 whatever the order.
+            return self._term_counts(which)[b, r, c] == 0
+        return self._zero_terms(which, b, r, c)
+
+    def _live_rows(self) -> np.ndarray:
+        """(H, L): rows whose dS may be nonzero.  A row's dS vanishes when dO_i or V is zero, or when
+        it has one key (its weight is exactly 1)."""
+        fp = self.fp
+        return ((np.abs(self.G).sum(-1) > 0) & (np.abs(fp.Vh).sum(axis=(-1, -2)) > 0)[:, None]
+                & (fp.unmasked.sum(-1) > 1))
+
+    def _term_counts(self, which: str) -> np.ndarray:
+        """How many terms of each element of output ``which`` may be nonzero (see _zero_terms)."""
+        pb, fp = self.pb, self.fp
+        unm = fp.unmasked.astype(np.float64)
+        if which == "out":
+            return unm @ (fp.Vh != 0)
+        if which != "value":
+            unm = unm * self._live_rows()[..., None]
+        cop = pb.copies(which)
+        Y = {"query": fp.Kh, "key": fp.Qh, "value": self.G}[which] != 0
+        X = unm if which == "query" else np.swapaxes(unm, -1, -2)
+        return sum(X[cop[:, k]] @ Y[cop[:, k]] for k in range(cop.shape[1]))
+
+    def _zero_terms(self, which: str, b: np.ndarray, r: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """:meth:`structural_zeros` of the elements (b, r, c), term by term."""
+        pb, fp = self.pb, self.fp
         unm = fp.unmasked.astype(np.float64)
         if which == "out":
             return (unm[b, r] * (fp.Vh[b, :, c] != 0)).sum(-1) == 0
         cop = pb.copies(which)[b]  # (n, copies)
         G = self.G
-        # A row's dS vanishes when dO_i or V is zero, or when it has one key (its weight is exactly 1).
-        live_row = ((np.abs(G).sum(-1) > 0) & (np.abs(fp.Vh).sum(axis=(-1, -2)) > 0)[:, None]
-                    & (fp.unmasked.sum(-1) > 1))  # (H, L)
-        result = np.ones(len(flat), dtype=bool)
+        live_row = self._live_rows()  # (H, L)
+        result = np.ones(len(b), dtype=bool)
         for k in range(cop.shape[1]):
             h = cop[:, k]
             if which == "query":
