@@ -110,7 +110,7 @@ def _decide_many(items: list[Any], fmt: Format) -> dict[int, Decision]:
     by one.  Roughly ten times faster than deciding every ball exactly.
     """
     n = len(items)
-    hi, lo, rad = np.zeros(n), np.zeros(n), np.full(n, np.inf)
+    hi, lo, rad = [0.0] * n, [0.0] * n, [math.inf] * n  # (lists: numpy arrays at the end)
     for t, item in enumerate(items):
         ball = item.ball if isinstance(item, Split) else item
         if not ball.is_finite():
@@ -123,6 +123,7 @@ def _decide_many(items: list[Any], fmt: Format) -> dict[int, Decision]:
         d = float(dd)
         hi[t], lo[t] = h, d
         rad[t] = (float(ball.rad()) + float(dd.rad())) * (1 + 2.0 ** -50) + abs(d) * 2.0 ** -52 + 2.0 ** -1070
+    hi, lo, rad = np.array(hi), np.array(lo), np.array(rad)
     with np.errstate(invalid="ignore", over="ignore"):
         rounded, ok = decide(hi, lo, rad, fmt)
         # The float64 neighbours of hi + lo -+ rad, as tight as an exact decision gives them, where
@@ -132,7 +133,9 @@ def _decide_many(items: list[Any], fmt: Format) -> dict[int, Decision]:
         mid = hi + lo
         x_lo = np.where(lo >= rad, hi, np.where(spread <= hi - down, down, next_down(next_down(mid) - rad)))
         x_hi = np.where(-lo >= rad, hi, np.where(spread <= upper - hi, upper, next_up(next_up(mid) + rad)))
-    return {id(items[t]): (float(rounded[t]), float(x_lo[t]), float(x_hi[t])) for t in np.flatnonzero(ok)}
+    # (Python floats by tolist: indexing numpy arrays element by element costs several times more.)
+    r, lo_, hi_ = rounded.tolist(), x_lo.tolist(), x_hi.tolist()
+    return {id(items[t]): (r[t], lo_[t], hi_[t]) for t in np.flatnonzero(ok).tolist()}
 
 
 class _Head:
@@ -318,28 +321,30 @@ class Refiner:
         pb = self.pb
         shape = self._shape(which)
         out: dict[int, flint.arb] = {}
+        # (Indices, heads and whole heads looked up once: a float64 output asks for every element.)
+        b, i, c = (a.tolist() for a in np.unravel_index(np.asarray(flats, dtype=np.int64), shape))
         if which in ("out", "query"):
+            heads = [[h] for h in b] if which == "out" else pb.copies("query")[b].tolist()
             need: dict[int, set[int]] = defaultdict(set)
-            parts = []
-            for f in flats:
-                b, i, c = np.unravel_index(f, shape)
-                heads = [int(b)] if which == "out" else [int(h) for h in pb.copies("query")[b]]
-                parts.append((f, heads, int(i), int(c)))
-                for h in heads:
-                    need[h].add(int(i))
+            for hs, ii in zip(heads, i):
+                for h in hs:
+                    need[h].add(ii)
             rows = {h: sorted(rs) for h, rs in need.items()}
             got = {h: (self._head(h).out(rs) if which == "out" else self._head(h).grad_query(rs))
                    for h, rs in rows.items()}
-            for f, heads, i, c in parts:
-                out[f] = sum((got[h][i][c] for h in heads), flint.arb(0))
+            for f, hs, ii, cc in zip(flats, heads, i, c):
+                out[f] = sum((got[h][ii][cc] for h in hs), flint.arb(0))
             return out
-        b, j, c = (a.tolist() for a in np.unravel_index(np.asarray(flats, dtype=np.int64), shape))
         heads = pb.copies(which)[b].tolist()
         count = Counter(h for hs in heads for h in hs)
-        for f, hs, jj, cc in zip(flats, heads, j, c):
+        whole = {h: self._whole_head(h) for h in count}
+        # A head asked for many elements computes its whole gradient (WholeHead.element).
+        full = {h: whole[h].full(which) for h in count if count[h] > BULK}
+        cols = pb.E if which == "key" else pb.Ev
+        for f, hs, jj, cc in zip(flats, heads, i, c):
             total = flint.arb(0)
             for h in hs:
-                total += self._whole_head(h).element(which, jj, cc, bulk=count[h] > BULK)
+                total += full[h][jj * cols + cc] if h in full else whole[h].element(which, jj, cc)
             out[f] = total
         return out
 
