@@ -646,20 +646,21 @@ class Refiner:
         pb = self.pb
         f = (bits / 64) ** 1.5
         b, r, _ = np.unravel_index(np.asarray(flats, dtype=np.int64), self._shape(which))
+        # (Distinct rows and heads counted by np.unique: a float64 output asks for every element.)
         if which == "out":
-            rows = len(set(zip(b.tolist(), r.tolist())))
+            rows = np.unique(b * pb.L + r).size
             cost = rows * pb.S * (1 + pb.Ev / 32) * f
             return cost * _FRACTION + len(flats) * pb.S * _FRACTION * f if split else cost
         heads = pb.copies(which)[b]  # (n, copies)
         if which == "query":
-            rows = len({(int(h), int(i)) for hs, i in zip(heads.tolist(), r.tolist()) for h in hs})
+            rows = np.unique(heads * pb.L + r[:, None]).size
             # Each head's exact dP = dO V^T (integers), once, and the rows' weights and dS.
-            fresh = len({int(h) for h in heads.reshape(-1).tolist()} - set(self._dP))
+            fresh = len(set(np.unique(heads).tolist()) - set(self._dP))
             cost = rows * pb.S * (2 + pb.E / 32) * f + fresh * pb.L * pb.S * max(pb.Ev, 1) / 16
             if split:
                 cost += (rows * pb.S + len(flats) * heads.shape[1] * pb.S ** 2 / 2) * _FRACTION * f
             return cost
-        count = Counter(heads.reshape(-1).tolist())
+        count = dict(zip(*(a.tolist() for a in np.unique(heads, return_counts=True))))
         if split:
             return len(count) * pb.L * pb.S * _FRACTION * f + len(flats) * heads.shape[1] * pb.L * 4 * f * _FRACTION
         return sum(head_cost(pb, bits, n) for n in count.values())
