@@ -158,7 +158,8 @@ class _Head:
         if not todo:
             return
         S = pb.S
-        logits = _arb_mat(self.Q[todo]) * self.Km.transpose() if S and pb.E else None
+        # The scale multiplies the matrix in C (entry by entry, the same products as in Python).
+        logits = (_arb_mat(self.Q[todo]) * self.Km.transpose()) * self.s if S and pb.E else None
         zero = flint.arb(0)
         for r, i in enumerate(todo):
             unmasked = fp.unmasked[self.h, i]
@@ -172,7 +173,7 @@ class _Head:
                 if not unmasked[j]:
                     w.append(zero)
                     continue
-                z = self.s * logits[r, j] if logits is not None else zero
+                z = logits[r, j] if logits is not None else zero
                 if add is not None and add[j] != 0:
                     z = z + float(add[j])
                 w.append((z - shift).exp())
