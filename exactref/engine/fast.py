@@ -80,13 +80,18 @@ def _gamma_scalar(n: int, u: float) -> float:
     return math.nextafter(math.nextafter(g, math.inf), math.inf)
 
 
+# up()'s factor and addend: more than two float64 ulps of relative and absolute slack.
+_UP_REL = 1 + 2.0 ** -50
+_UP_ABS = 2.0 ** -1070
+
+
 def up(x: np.ndarray | float) -> np.ndarray | float:
     """A nonnegative bound ``x`` moved up by more than two float64 ulps.
 
     It pays for the roundings of the short computation that produced ``x``;
     a multiply-add is much cheaper than two nextafter calls.
     """
-    return x * (1 + 2.0 ** -50) + 2.0 ** -1070
+    return x * _UP_REL + _UP_ABS
 
 
 @dataclass
@@ -127,8 +132,8 @@ def _two_sum_into(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 def _up_into(x: np.ndarray) -> np.ndarray:
     """:func:`up` of a fresh float64 array, in place."""
-    np.multiply(x, 1 + 2.0 ** -50, out=x)
-    np.add(x, 2.0 ** -1070, out=x)
+    np.multiply(x, _UP_REL, out=x)
+    np.add(x, _UP_ABS, out=x)
     return x
 
 
