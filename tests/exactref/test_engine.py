@@ -127,12 +127,10 @@ def test_two_sum_is_exact(a, b):
 
 
 def lowest_bit(x: float) -> Fraction:
-    """The largest power of two of which the float x (nonzero) is a multiple, by Fractions."""
+    """The largest power of two of which the float x (nonzero) is a multiple, by Fractions: x is
+    n / d with d a power of two, and n's lowest set bit over d."""
     q = abs(F(x))
-    p = F(2) ** -1074
-    while (q / (2 * p)).denominator == 1:
-        p *= 2
-    return p
+    return F(q.numerator & -q.numerator, q.denominator)
 
 
 @settings(max_examples=300)
