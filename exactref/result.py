@@ -35,9 +35,10 @@ from .errors import (
     SpecialValueError,
 )
 from .formats import FORMATS, ComplexFormat, Format, part_of
-from .rounding import (  # _ABS, _REL: the slack of below() and above(), which _ends applies
+from .rounding import (  # _ABS, _REL: the slack of below() and above(), which judge applies
     _ABS,
     _REL,
+    _slack_into,
     above,
     below,
     next_down,
@@ -164,12 +165,7 @@ def _ends(x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray,
     low_at, high_at = v[0, ...], v[1, ...]  # (views, 0-d ones too)
     np.subtract(x_lo, E, out=low_at)
     np.add(x_hi, E, out=high_at)
-    # The slack in place, in one buffer: a large judgement's fresh temporaries cost more in
-    # page faults than in arithmetic.
-    slack = np.abs(v)
-    np.add(slack, E, out=slack)
-    np.multiply(slack, _REL, out=slack)
-    np.add(slack, _ABS, out=slack)
+    slack = _slack_into(v, E, np.empty_like(v))  # (in one buffer, as _bounds_lo_zero's)
     np.subtract(low_at, slack[0, ...], out=low_at)  # (in place: elementwise)
     np.add(high_at, slack[1, ...], out=high_at)
     rounded = round_float64(v, fmt)

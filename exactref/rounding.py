@@ -105,6 +105,17 @@ def above(v: np.ndarray, scale: np.ndarray | float = 0.0) -> np.ndarray:
     return v + ((np.abs(v) + scale) * _REL + _ABS)
 
 
+def _slack_into(v: np.ndarray, scale: np.ndarray | float, out: np.ndarray) -> np.ndarray:
+    """The slack of :func:`below` and :func:`above`, ``(|v| + scale) * _REL + _ABS``, written into
+    ``out`` by the same operations: on large arrays, fresh temporaries cost more in page faults
+    than the arithmetic."""
+    np.abs(v, out=out)
+    np.add(out, scale, out=out)
+    np.multiply(out, _REL, out=out)
+    np.add(out, _ABS, out=out)
+    return out
+
+
 def enclosure_bounds(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray, *,
                      tight: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """float64 bounds ``low <= hi + lo - rad`` and ``hi + lo + rad <= high``.

@@ -23,9 +23,8 @@ import numpy as np
 
 from .._parallel import for_each_slice
 from ..formats import Format
-from ..rounding import (  # _REL, _ABS: the slack of below() and above(), see _bounds_lo_zero
-    _ABS,
-    _REL,
+from ..rounding import (
+    _slack_into,
     decide,
     enclosure_bounds,
     next_down,
@@ -431,11 +430,7 @@ def _bounds_lo_zero(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, np.nda
         np.subtract(hi, rad, out=low)
         np.add(hi, rad, out=high)
         for end, sign in ((low, np.subtract), (high, np.add)):
-            np.abs(end, out=slack)
-            np.add(slack, rad, out=slack)
-            np.multiply(slack, _REL, out=slack)
-            np.add(slack, _ABS, out=slack)
-            sign(end, slack, out=end)
+            sign(end, _slack_into(end, rad, slack), out=end)
     return low, high
 
 
