@@ -151,6 +151,41 @@ def test_moderate_sizes_agree_with_the_oracle(fmt, seed):
         _agree(g[name].rounded, exact[name], fmt, oracle.magnitudes[name])
 
 
+@pytest.mark.parametrize("kind", ["plain", "gqa"])
+def test_float64_refinements_share_weights_and_dS_and_agree_with_the_oracle(monkeypatch, kind):
+    # A float64 output leaves every element to Arb: the forward computes every row's weights, the
+    # backward's grad_query every row's dS, and grad_key and grad_value reuse both (_wholehead).
+    from exactref.ops.attention import _wholehead
+
+    used = {"weights": 0, "dS": 0}
+    real_init, real_full = _wholehead.WholeHead.__init__, _wholehead.WholeHead.full
+
+    def init(self, pb, fp, G, h, head=None):
+        import flint
+        used["weights"] += len(fp.arb_weights.get((h, flint.ctx.prec), {})) == pb.L
+        real_init(self, pb, fp, G, h, head)
+
+    def full(self, which):
+        used["dS"] += which == "key" and self.head is not None and len(self.head.dS_rows) == self.pb.L
+        return real_full(self, which)
+
+    monkeypatch.setattr(_wholehead.WholeHead, "__init__", init)
+    monkeypatch.setattr(_wholehead.WholeHead, "full", full)
+    rng = np.random.default_rng(7)
+    heads, kw = ((2, 4), {"enable_gqa": True}) if kind == "gqa" else ((2, 2), {})
+    q = er.asarray(rng.standard_normal((heads[1], 12, 5)) * 2, "float64")
+    k, v = (er.asarray(rng.standard_normal((heads[0], 12, 5)) * 2, "float64") for _ in range(2))
+    grad = er.asarray(rng.standard_normal((heads[1], 12, 5)), "float64")
+    oracle = Oracle(q, k, v, enable_gqa=True) if kind == "gqa" else Oracle(q, k, v)
+    r = er.scaled_dot_product_attention(q, k, v, **kw)
+    _agree(r.rounded, oracle.out(), "float64")
+    exact = oracle.grads(grad)
+    g = r.backward(grad)
+    for name in ("grad_query", "grad_key", "grad_value"):
+        _agree(g[name].rounded, exact[name], "float64", oracle.magnitudes[name])
+    assert used["weights"] >= 2 and used["dS"] >= 2
+
+
 def _everything_through(monkeypatch, stage):
     """Make the first pass (and, for stage "arb", the second) decide nothing."""
     from exactref.ops.attention import op as attention

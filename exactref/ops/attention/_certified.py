@@ -103,11 +103,12 @@ def _arb_mat(a: np.ndarray) -> flint.arb_mat:
 def _decide_many(items: list[Any], fmt: Format) -> dict[int, Decision]:
     """Decisions for the balls (or Splits) that float64 arithmetic settles, keyed by ``id(item)``.
 
-    Each ball's midpoint m is read as hi + lo (hi = m rounded, lo = m - hi,
-    exact in Arb, then rounded: less than |lo| 2**-52 off) and its radius
-    rounded up, and :func:`exactref.rounding.decide` decides them all at
-    once, as for the first pass; what it leaves goes to ``decide_split`` one
-    by one.  Roughly ten times faster than deciding every ball exactly.
+    Each ball x is read as hi + lo +- rad: hi is its midpoint m rounded, the
+    ball x - hi (midpoint m - hi, radius at least x's plus the rounding of
+    m - hi) gives lo, its midpoint rounded (less than |lo| 2**-52 off), and
+    rad, its radius rounded up; then :func:`exactref.rounding.decide`
+    decides them all at once, as for the first pass; what it leaves goes to
+    ``decide_split`` one by one.  Roughly ten times faster than deciding every ball exactly.
     """
     n = len(items)
     hi, lo, rad = [0.0] * n, [0.0] * n, [math.inf] * n  # (lists: numpy arrays at the end)
@@ -115,14 +116,13 @@ def _decide_many(items: list[Any], fmt: Format) -> dict[int, Decision]:
         ball = item.ball if isinstance(item, Split) else item
         if not ball.is_finite():
             continue
-        m = ball.mid()
-        h = float(m)
+        h = float(ball)  # (the midpoint, rounded)
         if not (2.0 ** -960 < abs(h) < 2.0 ** 1000):
             continue  # near zero or float64's range: left to the exact decision
-        dd = m - h  # exact at the working precision; its radius is counted all the same
+        dd = ball - h
         d = float(dd)
         hi[t], lo[t] = h, d
-        rad[t] = (float(ball.rad()) + float(dd.rad())) * (1 + 2.0 ** -50) + abs(d) * 2.0 ** -52 + 2.0 ** -1070
+        rad[t] = float(dd.rad()) * (1 + 2.0 ** -50) + abs(d) * 2.0 ** -52 + 2.0 ** -1070
     hi, lo, rad = np.array(hi), np.array(lo), np.array(rad)
     with np.errstate(invalid="ignore", over="ignore"):
         rounded, ok = decide(hi, lo, rad, fmt)
@@ -147,10 +147,11 @@ class _Head:
         self.Q, self.K, self.V = fp.Qh[h], fp.Kh[h], fp.Vh[h]
         self.Km = _arb_mat(self.K)
         self.Vm = _arb_mat(self.V)
-        self.P: dict[int, list[flint.arb]] = {}
+        # Row i's normalised weights, shared with the other refinements of this problem.
+        self.P: dict[int, list[flint.arb]] = fp.arb_weights.setdefault((h, flint.ctx.prec), {})
         self.s = pb.scale.ball()
         self._out: dict[int, list[flint.arb]] = {}
-        self._dS: dict[int, list[flint.arb]] = {}
+        self.dS_rows: dict[int, list[flint.arb]] = {}
 
     def weights(self, rows: list[int]) -> None:
         pb, fp = self.ref.pb, self.ref.fp
@@ -159,24 +160,23 @@ class _Head:
             return
         S = pb.S
         # The scale multiplies the matrix in C (entry by entry, the same products as in Python).
-        logits = (_arb_mat(self.Q[todo]) * self.Km.transpose()) * self.s if S and pb.E else None
         zero = flint.arb(0)
+        logits = ((_arb_mat(self.Q[todo]) * self.Km.transpose()) * self.s).entries() if S and pb.E else \
+            [zero] * (len(todo) * S)
+        # (Rows as Python lists: indexing numpy arrays and arb_mat entries one by one costs more.)
+        live_rows = fp.unmasked[self.h, todo].tolist()
+        shifts = fp.M[self.h, todo].tolist()
+        adds = pb.additive[self.h, todo].tolist() if pb.additive is not None else None
         for r, i in enumerate(todo):
-            unmasked = fp.unmasked[self.h, i]
-            if not unmasked.any():
+            live = live_rows[r]
+            if not any(live):
                 self.P[i] = [zero] * S
                 continue
-            shift = flint.arb(float(fp.M[self.h, i]))
-            add = pb.additive[self.h, i] if pb.additive is not None else None
-            w = []
-            for j in range(S):
-                if not unmasked[j]:
-                    w.append(zero)
-                    continue
-                z = logits[r, j] if logits is not None else zero
-                if add is not None and add[j] != 0:
-                    z = z + float(add[j])
-                w.append((z - shift).exp())
+            shift = flint.arb(shifts[r])
+            z = logits[r * S:(r + 1) * S]
+            if adds is not None:
+                z = [x + a if a != 0 else x for x, a in zip(z, adds[r])]
+            w = [(x - shift).exp() if u else zero for x, u in zip(z, live)]
             total = sum(w, zero)
             self.P[i] = [x / total if x is not zero else zero for x in w]
 
@@ -198,16 +198,16 @@ class _Head:
         the weights sum to 1; so a row whose dP is constant gets an exact zero, and
         nothing cancels when the weights are concentrated.
         """
-        todo = [i for i in rows if i not in self._dS]
+        todo = [i for i in rows if i not in self.dS_rows]
         if todo:
             self.weights(todo)
             for i in todo:
                 diffs, unit = self.ref.dP_differences(self.h, i)
                 P = self.P[i]
                 D = sum((p * d for p, d in zip(P, diffs) if not (p.is_zero() or d.is_zero())), flint.arb(0))
-                self._dS[i] = [p if p.is_zero() and p.is_exact() else p * (d - D) * unit
+                self.dS_rows[i] = [p if p.is_zero() and p.is_exact() else p * (d - D) * unit
                                for p, d in zip(P, diffs)]
-        return {i: self._dS[i] for i in rows}
+        return {i: self.dS_rows[i] for i in rows}
 
     def grad_query(self, rows: list[int]) -> dict[int, list[flint.arb]]:
         pb = self.ref.pb
@@ -353,7 +353,7 @@ class Refiner:
         key = (h, flint.ctx.prec)
         if key not in self._kv:
             self._kv = {k: v for k, v in self._kv.items() if k[1] == flint.ctx.prec}  # free lower precisions
-            self._kv[key] = WholeHead(self.pb, self.fp, self.G, h)
+            self._kv[key] = WholeHead(self.pb, self.fp, self.G, h, self._heads.get(key))
         return self._kv[key]
 
     # ------------------------------------------------------------------ step 2b: R + eps (see _split)

@@ -316,6 +316,9 @@ class FirstPass:
     def __init__(self, pb: Problem) -> None:
         self.pb = pb
         self.weights_cache: dict = {}  # the tolerance models' bounds on the weights, by model
+        # Arb weights P_i of rows, by (head, precision): the refinements of the forward and of every
+        # backward compute the same ones (_certified._Head, _wholehead.WholeHead), so they share them.
+        self.arb_weights: dict = {}
         H, L, S = pb.H, pb.L, pb.S
         self.Qh, self.Kh, self.Vh = pb.Q[pb.qi], pb.K[pb.ki], pb.V[pb.vi]
         if pb.uniform is not None:

@@ -67,11 +67,24 @@ def head_cost(pb: Problem, bits: int, elements: int) -> float:
 class WholeHead:
     """The weights of every row of head ``h``, and the row quantities its column sums need, at the current precision."""
 
-    def __init__(self, pb: Problem, fp: FirstPass, G: np.ndarray | None, h: int) -> None:
+    def __init__(self, pb: Problem, fp: FirstPass, G: np.ndarray | None, h: int, head: Any = None) -> None:
+        """``head``: the row-wise refinement's quantities of head h at this precision, if any
+        (``_certified._Head``): rows of dS it has computed are reused."""
         L, S, E = pb.L, pb.S, pb.E
-        self.pb, self.fp, self.G, self.h = pb, fp, G, h
+        self.pb, self.fp, self.G, self.h, self.head = pb, fp, G, h, head
         self.s = pb.scale.ball()
         zero = flint.arb(0)
+        self._D: list[flint.arb] | None = None
+        self._full: dict[str, list[flint.arb]] = {}
+        known = fp.arb_weights.get((h, flint.ctx.prec), {})
+        if L and S and len(known) == L:
+            # Every row's normalised weights are known already (a float64 output refines them all):
+            # they stand for w, with W = 1 (0 for a row that attends to nothing).
+            self.w = [x for i in range(L) for x in known[i]]
+            self.wm = flint.arb_mat(L, S, self.w)
+            live = fp.unmasked[h].any(axis=-1).tolist()
+            self.inv_W = [flint.arb(1) if a else zero for a in live]
+            return
         if S and E and L:
             # An Arb product of the exact float inputs: faster than an exact integer one, whose entries
             # span the inputs' exponents, and as tight as the working precision.
@@ -92,8 +105,6 @@ class WholeHead:
             W = [zero] * L
         # A row that attends to no key has P = 0: its 1/W is taken as 0.
         self.inv_W = [zero if x.is_zero() else 1 / x for x in W]
-        self._D: list[flint.arb] | None = None
-        self._full: dict[str, list[flint.arb]] = {}
 
     def D(self) -> list[flint.arb]:
         """D_i = sum_j P_ij dP_ij = dO_i . O_i, O = P V."""
@@ -163,10 +174,14 @@ class WholeHead:
                 scaled = [self.inv_W[i] * float(x) for i in range(L) for x in g[i].tolist()]
                 self._full[which] = (self.wm.transpose() * flint.arb_mat(L, cols, scaled)).entries()
             else:
-                D = self.D()
-                dP = (_arb_mat(g) * _arb_mat(self.fp.Vh[h]).transpose()).entries() if pb.Ev else [0] * (L * S)
-                dS = [x if x.is_zero() else x * (d - D[i]) * self.inv_W[i]
-                      for i in range(L) for x, d in zip(self.w[i * S:(i + 1) * S], dP[i * S:(i + 1) * S])]
+                if self.head is not None and len(self.head.dS_rows) == L:
+                    # The row-wise refinement has every row of dS (grad_query of a float64 output).
+                    dS = [x for i in range(L) for x in self.head.dS_rows[i]]
+                else:
+                    D = self.D()
+                    dP = (_arb_mat(g) * _arb_mat(self.fp.Vh[h]).transpose()).entries() if pb.Ev else [0] * (L * S)
+                    dS = [x if x.is_zero() else x * (d - D[i]) * self.inv_W[i]
+                          for i in range(L) for x, d in zip(self.w[i * S:(i + 1) * S], dP[i * S:(i + 1) * S])]
                 prod = flint.arb_mat(L, S, dS).transpose() * _arb_mat(self.fp.Qh[h])
                 self._full[which] = [self.s * x for x in prod.entries()]
         return self._full[which]
