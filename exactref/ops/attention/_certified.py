@@ -43,7 +43,7 @@ sign proven to round to zero is +0.
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from fractions import Fraction
 from typing import Any
 
@@ -320,34 +320,32 @@ class Refiner:
 
     def _arb_values(self, which: str, flats: list[int]) -> dict[int, flint.arb]:
         pb = self.pb
-        shape = self._shape(which)
-        out: dict[int, flint.arb] = {}
-        # (Indices, heads and whole heads looked up once: a float64 output asks for every element.)
-        b, i, c = (a.tolist() for a in np.unravel_index(np.asarray(flats, dtype=np.int64), shape))
+        # (Indices and heads as arrays, looked up once: a float64 output asks for every element.)
+        b, i, c = np.unravel_index(np.asarray(flats, dtype=np.int64), self._shape(which))
+        cop = b[:, None] if which == "out" else pb.copies(which)[b]  # the heads each element sums over
+        heads, count = (a.tolist() for a in np.unique(cop, return_counts=True))
         if which in ("out", "query"):
-            heads = [[h] for h in b] if which == "out" else pb.copies("query")[b].tolist()
-            need: dict[int, set[int]] = defaultdict(set)
-            for hs, ii in zip(heads, i):
-                for h in hs:
-                    need[h].add(ii)
-            rows = {h: sorted(rs) for h, rs in need.items()}
-            got = {h: (self._head(h).out(rs) if which == "out" else self._head(h).grad_query(rs))
-                   for h, rs in rows.items()}
-            for f, hs, ii, cc in zip(flats, heads, i, c):
-                out[f] = sum((got[h][ii][cc] for h in hs), flint.arb(0))
-            return out
-        heads = pb.copies(which)[b].tolist()
-        count = Counter(h for hs in heads for h in hs)
-        whole = {h: self._whole_head(h) for h in count}
-        # A head asked for many elements computes its whole gradient (WholeHead.element).
-        full = {h: whole[h].full(which) for h in count if count[h] > BULK}
-        cols = pb.E if which == "key" else pb.Ev
-        for f, hs, jj, cc in zip(flats, heads, i, c):
-            total = flint.arb(0)
-            for h in hs:
-                total += full[h][jj * cols + cc] if h in full else whole[h].element(which, jj, cc)
-            out[f] = total
-        return out
+            got = {}
+            for h in heads:
+                rows = np.unique(i[(cop == h).any(axis=1)]).tolist()
+                got[h] = self._head(h).out(rows) if which == "out" else self._head(h).grad_query(rows)
+
+            def value(h: int, r: int, col: int) -> flint.arb:
+                return got[h][r][col]
+        else:
+            whole = {h: self._whole_head(h) for h in heads}
+            # A head asked for many elements computes its whole gradient (WholeHead.element).
+            full = {h: whole[h].full(which) for h, n in zip(heads, count) if n > BULK}
+            cols = pb.E if which == "key" else pb.Ev
+
+            def value(h: int, r: int, col: int) -> flint.arb:
+                return full[h][r * cols + col] if h in full else whole[h].element(which, r, col)
+        rows_l, cols_l = i.tolist(), c.tolist()
+        if cop.shape[1] == 1:
+            # One head each (no grouped query heads): its value is the element's, as 0 + x would be.
+            return {f: value(h, r, col) for f, h, r, col in zip(flats, cop[:, 0].tolist(), rows_l, cols_l)}
+        return {f: sum((value(h, r, col) for h in hs), flint.arb(0))
+                for f, hs, r, col in zip(flats, cop.tolist(), rows_l, cols_l)}
 
     def _whole_head(self, h: int) -> WholeHead:
         key = (h, flint.ctx.prec)
