@@ -24,7 +24,7 @@ import numpy as np
 
 from ...engine.fast import gamma, up
 from ...formats import Format
-from ._first import FirstPass, _cat_cols, _cat_rows_t, expm1_up, matmul_up
+from ._first import FirstPass, _cat_cols, _cat_rows_t, by_rows, expm1_up, matmul_up
 
 __all__ = ["backward_cap", "ds_kernel_bound", "forward_cap"]
 
@@ -92,51 +92,59 @@ def forward_cap(fp: FirstPass, wts, u_p: float, eta_p: float) -> np.ndarray:
     return np.where(np.isfinite(cap), cap, np.inf)
 
 
-def _kernel_weights(fp: FirstPass, wts) -> np.ndarray:
-    """An upper bound on a kernel's |P~_ij|, normalised or recomputed from a stored logsumexp.
+def _kernel_weights(unmasked: np.ndarray, delta: np.ndarray, r: np.ndarray, rho: np.ndarray,
+                    P_up: np.ndarray, F: float) -> np.ndarray:
+    """An upper bound on a kernel's |P~_ij| (some rows), normalised or recomputed from a stored logsumexp.
 
     A normalised weight is at most F (the exp's and the sums' roundings); one
     recomputed as exp(x~_ij - lse~_i) is at most exp(delta_ij + max_k delta_ik
     + r_i) F, since lse~_i >= max_k x~_ik up to the errors already in delta.
     The smaller of that and the model's P (1 + rho), where finite.
     """
+    dmax = np.max(np.where(unmasked, delta, 0.0), axis=-1, initial=0.0)
+    recomputed = up((1 + expm1_up(delta + dmax[..., None] + r[..., None])) * F)
+    relative = np.where(np.isfinite(rho), up(P_up * (1 + rho)), np.inf)
+    Pk = np.fmin(recomputed, relative)
+    return np.where(unmasked, Pk, 0.0)
+
+
+def _caps_rows(unmasked, B, P_up, dS, e_dS, absG, O, rad_O, E_fwd, delta, r, rho, consts):
+    """(kernel |P~| bound, exact |dS| bound, kernel |dS~| bound) of some rows (see _dS_caps)."""
+    F, u, eta, u_o, eta_o, g_v, g_s, S, Ev, ds_rounded = consts
     with np.errstate(over="ignore", invalid="ignore"):
-        dmax = np.max(np.where(fp.unmasked, wts.delta, 0.0), axis=-1, initial=0.0)
-        recomputed = up((1 + expm1_up(wts.delta + dmax[..., None] + wts.r[..., None])) * wts.F)
-        relative = np.where(np.isfinite(wts.rho), up(fp.P_up * (1 + wts.rho)), np.inf)
-        Pk = np.fmin(recomputed, relative)
-    return np.where(fp.unmasked, Pk, 0.0)
+        Pk = _kernel_weights(unmasked, delta, r, rho, P_up, F)
+        # The exact dS: P <= 1 and |D| <= max_j |dP_ij|, or the first pass's own bound.
+        Bmax = np.max(np.where(unmasked, B, 0.0), axis=-1, initial=0.0)[..., None]
+        dS_x = np.fmin(np.abs(dS) + e_dS, up(np.minimum(P_up, 1.0) * (B + Bmax)))
+        # The kernel's: |dP~| from gamma_{Ev+1}, D~ as rowsum(P~ dP~) or rowsum(dO O~), the larger.
+        dP_k = up((1 + g_v) * B + 2 * Ev * eta)
+        D_a = (1 + g_s) * np.sum(Pk * dP_k, axis=-1) + S * eta
+        o_k = (np.abs(O) + rad_O + E_fwd) * (1 + u_o) + eta_o
+        D_b = (1 + g_v) * np.einsum("nc,nc->n", absG, o_k) + Ev * eta
+        D_k = np.maximum(D_a, D_b)[..., None]
+        dS_k = Pk * (dP_k + D_k) * (1 + u) ** 2 + eta
+        if ds_rounded:
+            dS_k = dS_k * (1 + u_o) + eta_o
+        dS_k = up(np.where(unmasked, dS_k, 0.0))
+        dS_x = np.where(unmasked, dS_x, 0.0)
+    return Pk, dS_x, dS_k
 
 
 def _dS_caps(fp: FirstPass, wts, model, fmt: Format, E_fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray,
                                                                                   np.ndarray]:
-    """(kernel |P~| bound, exact |dS| bound, kernel |dS~| bound), each (H, L, S)."""
+    """(kernel |P~| bound, exact |dS| bound, kernel |dS~| bound), each (H, L, S), by blocks of rows
+    whose temporaries stay in the cache (every step is elementwise or a sum along a row)."""
     key = (model, "caps")
     hit = fp.bwd_cache.get(key)
     if hit is not None and hit[0] is E_fwd:
         return hit[1]
     pb = fp.pb
-    u, eta = wts.u, wts.eta
-    u_o, eta_o = fmt.unit_roundoff, fmt.min_subnormal
     half = fmt.p < wts.acc.p
-    S, Ev = pb.S, pb.Ev
-    Pk = _kernel_weights(fp, wts)
-    with np.errstate(over="ignore", invalid="ignore"):
-        # The exact dS: P <= 1 and |D| <= max_j |dP_ij|, or the first pass's own bound.
-        Bmax = np.max(np.where(fp.unmasked, fp.B, 0.0), axis=-1, initial=0.0)[..., None]
-        dS_x = np.fmin(np.abs(fp.dS) + fp.e_dS, up(np.minimum(fp.P_up, 1.0) * (fp.B + Bmax)))
-        # The kernel's: |dP~| from gamma_{Ev+1}, D~ as rowsum(P~ dP~) or rowsum(dO O~), the larger.
-        dP_k = up((1 + _g(Ev + 1, u)) * fp.B + 2 * Ev * eta)
-        D_a = (1 + _g(S + wts.nb + 1, u)) * np.sum(Pk * dP_k, axis=-1) + S * eta
-        o_k = (np.abs(fp.O) + fp.rad_O + E_fwd) * (1 + u_o) + eta_o
-        D_b = (1 + _g(Ev + 1, u)) * np.einsum("hlc,hlc->hl", fp.absG, o_k) + Ev * eta
-        D_k = np.maximum(D_a, D_b)[..., None]
-        dS_k = Pk * (dP_k + D_k) * (1 + u) ** 2 + eta
-        if model.ds_in_input_format and half:
-            dS_k = dS_k * (1 + u_o) + eta_o
-        dS_k = up(np.where(fp.unmasked, dS_k, 0.0))
-        dS_x = np.where(fp.unmasked, dS_x, 0.0)
-    caps = (Pk, dS_x, dS_k)
+    consts = (wts.F, wts.u, wts.eta, fmt.unit_roundoff, fmt.min_subnormal, _g(pb.Ev + 1, wts.u),
+              _g(pb.S + wts.nb + 1, wts.u), pb.S, pb.Ev, bool(model.ds_in_input_format and half))
+    E_rows = np.broadcast_to(E_fwd, fp.O.shape)
+    caps = tuple(by_rows(_caps_rows, pb.H, pb.L, fp.unmasked, fp.B, fp.P_up, fp.dS, fp.e_dS, fp.absG, fp.O,
+                         fp.rad_O, E_rows, wts.delta, wts.r, wts.rho, consts))
     fp.bwd_cache[key] = (E_fwd, caps)
     return caps
 
