@@ -414,8 +414,15 @@ class FirstPass:
         return hi, lo, np.where(np.isfinite(rad), rad, np.inf)
 
 
+def _own_heads(X: np.ndarray, cop: np.ndarray) -> bool:
+    """Whether every batch element has one copy, its own head: X itself is the concatenation."""
+    return cop.shape == (X.shape[0], 1) and bool((cop[:, 0] == np.arange(X.shape[0])).all())
+
+
 def _cat_cols(X: np.ndarray, cop: np.ndarray) -> np.ndarray:
     """(H, L, S) per head -> (n, L, copies*S): each batch element's copies side by side."""
+    if _own_heads(X, cop):
+        return X  # (no copy of an array of the weights' size)
     n, c = cop.shape
     Xc = X[cop]  # (n, c, L, S)
     return np.moveaxis(Xc, 1, 2).reshape(n, X.shape[1], c * X.shape[2])
@@ -423,6 +430,8 @@ def _cat_cols(X: np.ndarray, cop: np.ndarray) -> np.ndarray:
 
 def _cat_rows_t(X: np.ndarray, cop: np.ndarray) -> np.ndarray:
     """(H, L, S) per head -> (n, S, copies*L): the transposes of the copies side by side."""
+    if _own_heads(X, cop):
+        return np.swapaxes(X, -1, -2)  # a view, which BLAS reads transposed
     n, c = cop.shape
     Xc = np.swapaxes(X[cop], -1, -2)  # (n, c, S, L)
     return np.moveaxis(Xc, 1, 2).reshape(n, X.shape[2], c * X.shape[1])
