@@ -77,7 +77,8 @@ class WholeHead:
         self._D: list[flint.arb] | None = None
         self._full: dict[str, list[flint.arb]] = {}
         known = fp.arb_weights.get((h, flint.ctx.prec), {})
-        if L and S and len(known) == L:
+        self.normalised = bool(L and S and len(known) == L)
+        if self.normalised:
             # Every row's normalised weights are known already (a float64 output refines them all):
             # they stand for w, with W = 1 (0 for a row that attends to nothing).
             self.w = [x for i in range(L) for x in known[i]]
@@ -171,7 +172,10 @@ class WholeHead:
                 return self._full[which]
             g = self.G[h]
             if which == "value":
-                scaled = [self.inv_W[i] * float(x) for i in range(L) for x in g[i].tolist()]
+                if self.normalised:
+                    scaled = g.reshape(-1).tolist()  # (1/W is 1, or 0 on a row whose weights are all 0)
+                else:
+                    scaled = [self.inv_W[i] * float(x) for i in range(L) for x in g[i].tolist()]
                 self._full[which] = (self.wm.transpose() * flint.arb_mat(L, cols, scaled)).entries()
             else:
                 if self.head is not None and len(self.head.dS_rows) == L:
