@@ -206,7 +206,7 @@ class _Head:
                 P = self.P[i]
                 D = sum((p * d for p, d in zip(P, diffs) if not (p.is_zero() or d.is_zero())), flint.arb(0))
                 self.dS_rows[i] = [p if p.is_zero() and p.is_exact() else p * (d - D) * unit
-                               for p, d in zip(P, diffs)]
+                                   for p, d in zip(P, diffs)]
         return {i: self.dS_rows[i] for i in rows}
 
     def grad_query(self, rows: list[int]) -> dict[int, list[flint.arb]]:
