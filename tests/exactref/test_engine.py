@@ -191,3 +191,29 @@ def test_refine_takes_an_exact_float64_sum_of_float32_products_as_exact():
     value, lo, hi, ok = sumprod._refine(row, FORMATS["float32"])
     assert ok[0] and lo[0] == hi[0] == 2.0 ** -30 + 3 * 2.0 ** -60
     assert value[0] == np.float32(2.0 ** -30)
+
+
+def test_round_certified_decides_each_precisions_list_at_once_with_decide_all():
+    # decide_all sees each evaluation's whole list, once per precision; what it leaves (None) is
+    # evaluated again at twice the precision.  The values k/3 round as the tests' own rounding says.
+    import flint
+
+    from exactref.engine.certified import decide_ball, round_certified
+
+    calls = []
+
+    def evaluate(indices):
+        return [flint.arb(k) / 3 for k in indices]
+
+    def decide_all(balls, fmt):
+        calls.append((flint.ctx.prec, len(balls)))
+        if len(calls) == 1:
+            return [None if k % 2 else decide_ball(b, fmt) for k, b in zip(indices, balls)]
+        return [decide_ball(b, fmt) for b in balls]
+
+    indices = list(range(1, 41))
+    got = round_certified(evaluate, indices, FORMATS["float32"], str, start=64, decide_all=decide_all)
+    assert [n for _, n in calls] == [40, 20]  # the odd ones went on to 128 bits
+    for k in indices:
+        assert bits_equal(got[k][0], round_fraction(Fraction(k, 3), "float32")), k
+        assert Fraction(got[k][1]) <= Fraction(k, 3) <= Fraction(got[k][2]), k

@@ -100,8 +100,9 @@ def _arb_mat(a: np.ndarray) -> flint.arb_mat:
     return flint.arb_mat(rows, cols, a.reshape(-1).tolist())
 
 
-def _decide_many(items: list[Any], fmt: Format) -> dict[int, Decision]:
-    """Decisions for the balls (or Splits) that float64 arithmetic settles, keyed by ``id(item)``.
+def _decide_many(items: list[Any], fmt: Format) -> tuple[list[Decision | None], list[int]]:
+    """The decision of each ball (or Split) that float64 arithmetic settles (None for the others),
+    and the positions of the others.
 
     Each ball x is read as hi + lo +- rad: hi is its midpoint m rounded, the
     ball x - hi (midpoint m - hi, radius at least x's plus the rounding of
@@ -134,8 +135,11 @@ def _decide_many(items: list[Any], fmt: Format) -> dict[int, Decision]:
         x_lo = np.where(lo >= rad, hi, np.where(spread <= hi - down, down, next_down(next_down(mid) - rad)))
         x_hi = np.where(-lo >= rad, hi, np.where(spread <= upper - hi, upper, next_up(next_up(mid) + rad)))
     # (Python floats by tolist: indexing numpy arrays element by element costs several times more.)
-    r, lo_, hi_ = rounded.tolist(), x_lo.tolist(), x_hi.tolist()
-    return {id(items[t]): (r[t], lo_[t], hi_[t]) for t in np.flatnonzero(ok).tolist()}
+    out: list[Decision | None] = list(zip(rounded.tolist(), x_lo.tolist(), x_hi.tolist()))
+    left = np.flatnonzero(~ok).tolist()
+    for t in left:
+        out[t] = None
+    return out, left
 
 
 class _Head:
@@ -740,23 +744,19 @@ class Refiner:
                 balls.update(self._split_values(which, arb_needed) if split
                              else self._arb_values(which, arb_needed))
             last.update(balls)
-            early.clear()
-            early.update(_decide_many([balls[f] for f in indices], fmt))
             reached[0] = bits
             reached[1] = bits >= MAX_PRECISION or (
                 bool(arb_needed) and self._plan(which, arb_needed, 2 * bits, True) is None)
             return [balls[f] for f in indices]
 
-        early: dict[int, Decision] = {}
+        def decide_all(items: list[Any], fmt: Format) -> list[Decision | None]:
+            out, left = _decide_many(items, fmt)
+            for t in left:
+                # At the last precision that will be tried, a ball proven to round to zero is +0.
+                out[t] = decide_split(items[t], fmt, final=reached[1])
+            return out
 
-        def decide(item: Any, fmt: Format) -> Decision | None:
-            hit = early.get(id(item))
-            if hit is not None:
-                return hit
-            # At the last precision that will be tried, a ball proven to round to zero is +0.
-            return decide_split(item, fmt, final=reached[1])
-
-        decided.update(round_certified(evaluate, pending, fmt, describe, start=start, decide=decide))
+        decided.update(round_certified(evaluate, pending, fmt, describe, start=start, decide_all=decide_all))
         return decided
 
     def _over_budget(self, what: str, which: str, flats: list[int], fmt: Format, bits: int) -> str:
