@@ -750,7 +750,8 @@ class Refiner:
             return [balls[f] for f in indices]
 
         def decide_all(items: list[Any], fmt: Format) -> list[Decision | None]:
-            out, left = _decide_many(items, fmt)
+            with precision(reached[0]):  # the balls' own: x - hi is then exact as often as can be
+                out, left = _decide_many(items, fmt)
             for t in left:
                 # At the last precision that will be tried, a ball proven to round to zero is +0.
                 out[t] = decide_split(items[t], fmt, final=reached[1])
