@@ -113,20 +113,21 @@ def decide_ball(x: flint.arb, fmt: Format) -> Decision | None:
 def round_certified(evaluate: Callable[[Sequence[int]], Sequence[flint.arb]], indices: Sequence[int],
                     fmt: Format, describe: Callable[[int], str], *,
                     start: int = START_PRECISION, cap: int = MAX_PRECISION,
-                    decide: Callable[[Any, Format], Decision | None] | None = None,
                     decide_all: Callable[[list[Any], Format], Sequence[Decision | None]] | None = None
                     ) -> dict[int, Decision]:
     """Decide the rounding of each element in ``indices`` by Ziv's strategy.
 
     ``evaluate(indices)`` returns one Arb ball per index, computed at the
     precision currently set by :func:`precision`.  ``describe(index)`` names
-    an element for the error message.  ``decide`` (default
-    :func:`decide_ball`) may replace the test, for an op whose ``evaluate``
-    returns more than a ball (attention's exact part plus a remainder);
-    ``decide_all``, if given, decides a whole evaluation's list at once
-    instead (one call, not one per element, for an op that decides in bulk).
+    an element for the error message.  ``decide_all(items, fmt)`` decides an
+    evaluation's whole list, a Decision or None per item (default:
+    :func:`decide_ball` of each); an op may replace it to decide in bulk, or
+    when its ``evaluate`` returns more than a ball (attention's exact part
+    plus a remainder).
     """
-    decide = decide_ball if decide is None else decide
+    if decide_all is None:
+        def decide_all(items: list[Any], fmt: Format) -> list[Decision | None]:
+            return [decide_ball(x, fmt) for x in items]
     out: dict[int, Decision] = {}
     pending = list(indices)
     prec = start
@@ -134,8 +135,7 @@ def round_certified(evaluate: Callable[[Sequence[int]], Sequence[flint.arb]], in
         with precision(prec):
             balls = evaluate(pending)
         undecided = []
-        decisions = decide_all(list(balls), fmt) if decide_all is not None else (decide(b, fmt) for b in balls)
-        for i, d in zip(pending, decisions):
+        for i, d in zip(pending, decide_all(list(balls), fmt)):
             if d is None:
                 undecided.append(i)
             else:
