@@ -338,7 +338,7 @@ class Refiner:
                 return got[h][r][col]
         else:
             whole = {h: self._whole_head(h) for h in heads}
-            # A head asked for many elements computes its whole gradient (WholeHead.element).
+            # A head asked for many elements computes its whole gradient (WholeHead.full).
             full = {h: whole[h].full(which) for h, n in zip(heads, count) if n > BULK}
             cols = pb.E if which == "key" else pb.Ev
 

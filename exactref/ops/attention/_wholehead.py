@@ -149,13 +149,10 @@ class WholeHead:
             total += t * (float(q[i]) * self.inv_W[i])
         return self.s * total
 
-    def element(self, which: str, j: int, c: int, bulk: bool = False) -> Any:
-        """grad_key or grad_value [j, c] of this head: from the whole gradient when ``bulk``
-        (many elements of the head asked for), else from column j alone."""
-        if not bulk:
-            return self.key(j, c) if which == "key" else self.value(j, c)
-        cols = self.pb.E if which == "key" else self.pb.Ev
-        return self.full(which)[j * cols + c]
+    def element(self, which: str, j: int, c: int) -> Any:
+        """grad_key or grad_value [j, c] of this head, from column j alone (for a few elements of the
+        head: many read :meth:`full`)."""
+        return self.key(j, c) if which == "key" else self.value(j, c)
 
     def full(self, which: str) -> list[flint.arb]:
         """The head's whole grad_key or grad_value, row-major (S, E or Ev), as matrix products.
