@@ -212,6 +212,58 @@ def tree_sum(P: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.where(bad, 0.0, hi), np.where(bad, 0.0, lo), np.where(bad, np.inf, rad)
 
 
+# extract_sum's sigma = 2**k stays within these exponents: below, its grid 2**(k - 53) would be
+# finer than float64's subnormals (the argument holds there too, but is not needed); above, it
+# would not be finite.
+_EXTRACT_MIN_K, _EXTRACT_MAX_K = -1000, 1023
+_EXTRACT_CHUNK = 1 << 17  # values per pass: two temporaries of 1 MiB (the fastest here)
+
+
+def extract_sum(P: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``hi + lo +- rad`` enclosing each row sum of finite float64 ``P`` (rows, n), by one error-free
+    extraction (Rump, Ogita and Oishi's ExtractVector): about ten passes over P, where
+    :func:`tree_sum` makes about ninety.
+
+    Per row, let M = max|p| < 2**e and sigma = 2**k with k = e + ceil(log2(2n)), so
+    sigma >= 2 n M.  Then sigma + p lies in [sigma/2, 2 sigma], so
+    ``q = fl(fl(sigma + p) - sigma)`` is exact (Sterbenz), a multiple of
+    2**(k - 53) (the ulp of anything in [sigma/2, 2 sigma] is at least that),
+    and ``r = p - q`` is the rounding error of fl(sigma + p), exact, with
+    |r| <= 2**(k - 53).  Every partial sum of the q, in any order, is a
+    multiple of 2**(k - 53) of magnitude at most n (M + 2**(k - 53)) <= 2**k:
+    representable, so ``hi = sum(q)`` is exact.  ``lo``, the float64 sum of
+    the r in any order, errs by at most gamma_{n-1} sum|r| <=
+    gamma_{n-1} n 2**(k - 53) = rad, about n**3 2**-106 M.  A row of zeros,
+    or whose sigma would leave [2**-1000, 2**1023], gets rad = inf.
+    """
+    rows, n = P.shape
+    hi, lo, k = np.zeros(rows), np.zeros(rows), np.zeros(rows, dtype=np.int64)
+    if n == 0:
+        return hi, lo, np.full(rows, np.inf)
+    # A few rows at a time, so that the two temporaries stay in cache.
+    step = max(1, _EXTRACT_CHUNK // n)
+    buf, rest = np.empty((min(step, rows), n)), np.empty((min(step, rows), n))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for start in range(0, rows, step):
+            p = P[start:start + step]
+            t, r = buf[:p.shape[0]], rest[:p.shape[0]]
+            M = np.max(np.abs(p, out=t), axis=1)
+            _, e = np.frexp(M)  # M = f 2**e with 1/2 <= f < 1: M < 2**e
+            kk = e + (2 * n - 1).bit_length()  # 2**k >= 2 n 2**e
+            # (a row of zeros, or of a NaN, has no sigma: kk out of range marks it)
+            kk[~((M > 0) & (M < np.inf))] = _EXTRACT_MAX_K + 1
+            sigma = np.ldexp(1.0, np.clip(kk, _EXTRACT_MIN_K, _EXTRACT_MAX_K))[:, None]
+            q = np.add(p, sigma, out=t)
+            np.subtract(q, sigma, out=q)
+            np.subtract(p, q, out=r)
+            hi[start:start + step] = np.sum(q, axis=1)
+            lo[start:start + step] = np.sum(r, axis=1)
+            k[start:start + step] = kk
+        ok = (k >= _EXTRACT_MIN_K) & (k <= _EXTRACT_MAX_K)
+        rad = up(np.ldexp(n * gamma(n - 1, U64), np.where(ok, k, 0) - 53))
+    return np.where(ok, hi, 0.0), np.where(ok, lo, 0.0), np.where(ok, rad, np.inf)
+
+
 # Terms per block of a long sum (temporaries of 16 to 32 MiB), and terms per partial sum.
 _SUM_BLOCK = 1 << 22
 _SUM_WIDTH = 64

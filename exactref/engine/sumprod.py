@@ -367,7 +367,7 @@ def _exact_round(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray, fmt
     """
     pieces, safe = _pieces(terms, shape, idx)
     rows = np.flatnonzero(safe)
-    value, lo, hi, ok = _refine(pieces[rows], fmt)
+    value, lo, hi, ok = _refine(pieces if rows.size == idx.size else pieces[rows], fmt)
     done_fast = rows[ok]
     flat_r[idx[done_fast]], flat_lo[idx[done_fast]], flat_hi[idx[done_fast]] = value[ok], lo[ok], hi[ok]
     slow = rows[~ok]
@@ -577,7 +577,8 @@ def _decide_float64_general(hi: np.ndarray, lo: np.ndarray,
 
 
 def _refine(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The rounding to ``fmt`` and the float64 neighbours of each row sum, where a tree sum decides them.
+    """The rounding to ``fmt`` and the float64 neighbours of each row sum, where an error-free
+    extraction (:func:`fast.extract_sum`) or else a tree sum decides them.
 
     Returns ``(value, x_lo, x_hi, ok)``.  Where ``ok``, either the exact
     row sum is a nonzero float64 (``x_lo == x_hi``), or it lies strictly
@@ -585,15 +586,25 @@ def _refine(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray, np
     correct rounding: exactly what the exact path gives.  Elsewhere the
     values are garbage.
     """
-    hi, lo, rad = fast.tree_sum(pieces)
-    value, x_lo, x_hi, ok = _decide_refined(hi, lo, rad, fmt)
-    rest = np.flatnonzero(~ok)
-    if rest.size:
+    count = pieces.shape[0]
+    value, x_lo, x_hi = np.zeros(count), np.zeros(count), np.zeros(count)
+    ok = np.zeros(count, dtype=bool)
+    rest = np.arange(count)
+    # One error-free extraction decides nearly every row in a ninth of the tree sum's passes; the
+    # tree sum is the tighter for long rows (its bound grows as log n, the extraction's as n**3).
+    for enclose in (fast.extract_sum, fast.tree_sum):
+        part = pieces if rest.size == count else pieces[rest]
+        hi, lo, rad = enclose(part)
+        v, a, b, done = _decide_refined(hi, lo, rad, fmt)
         # hi + lo is the exact sum itself where the error bound is below the grid the pieces lie on.
-        sure = rest[rad[rest] < _grid(pieces[rest])]
+        sure = np.flatnonzero(~done)
+        sure = sure[rad[sure] < _grid(part[sure])]
         if sure.size:
-            value[sure], x_lo[sure], x_hi[sure], ok[sure] = _decide_refined(hi[sure], lo[sure],
-                                                                           np.zeros(sure.size), fmt)
+            v[sure], a[sure], b[sure], done[sure] = _decide_refined(hi[sure], lo[sure], np.zeros(sure.size), fmt)
+        value[rest], x_lo[rest], x_hi[rest], ok[rest] = v, a, b, done
+        rest = rest[~done]
+        if not rest.size:
+            break
     return value, x_lo, x_hi, ok
 
 
@@ -638,8 +649,9 @@ def _grid(pieces: np.ndarray) -> np.ndarray:
 
     So is the exact row sum, and so are tree_sum's hi and lo: two-sums and float64 roundings of
     multiples of 2**g stay multiples of 2**g (a rounding's ulp is at least 2**g, or it is exact).
-    Where tree_sum's ``|exact - (hi + lo)| <= rad`` has rad below 2**g, the difference, a multiple
-    of 2**g, is zero: hi + lo is the exact sum.  A sum of float32 products that cancels to a small
+    So are extract_sum's: each q is p, or a multiple of its grid 2**(k - 53), itself a multiple of
+    2**g where some p is not; so is r = p - q.  Where ``|exact - (hi + lo)| <= rad`` has rad below
+    2**g, the difference, a multiple of 2**g, is zero: hi + lo is the exact sum.  A sum of float32 products that cancels to a small
     value is such a sum: exactly a float64, and undecided by any error bound that is not zero.
     """
     frac, ex = np.frexp(pieces)  # pieces = m * 2**(ex - 53), m an integer below 2**53

@@ -3,6 +3,7 @@ exact sums are exact, and exact rounding is correct."""
 
 from __future__ import annotations
 
+import random
 from fractions import Fraction
 
 import numpy as np
@@ -167,6 +168,87 @@ def refine_rows(draw):
         P[:, 0] = 2.0 ** 40
         P[:, 1] = -(2.0 ** 40)
     return P
+
+
+@st.composite
+def extract_rows(draw):
+    """Rows for the extraction: near-equal values of one sign (their sum needs every bit of sigma's
+    headroom of log2(2n) bits), float32 products, wide values, and a large pair that cancels."""
+    n = draw(st.integers(1, 300))
+    kind = draw(st.sampled_from(["one sign", "float32 products", "wide", "cancelling"]))
+    if kind == "one sign":
+        e = draw(st.integers(-900, 900))
+        low = draw(hnp.arrays(np.int64, (2, n), elements=st.integers(0, 2 ** 20)))
+        sign = draw(st.sampled_from([1.0, -1.0]))
+        return sign * np.ldexp(1.0 - low * 2.0 ** -53, e)  # exact: 53-bit values just below 2**e
+    if kind == "wide":
+        return draw(hnp.arrays(np.float64, (2, n), elements=wide_floats(900)))
+    x = draw(hnp.arrays(np.float32, (2, n), elements=st.floats(-8, 8, width=32)))
+    y = draw(hnp.arrays(np.float32, (2, n), elements=st.floats(-8, 8, width=32)))
+    P = x.astype(np.float64) * y.astype(np.float64)  # exact
+    if kind == "cancelling" and n >= 2:
+        P[:, 0], P[:, 1] = 2.0 ** 40, -(2.0 ** 40)
+    return P
+
+
+@settings(max_examples=300)
+@given(rows=extract_rows())
+def test_extract_sum_encloses_each_row_sum_within_8_n_cubed_times_2_to_the_minus_106_of_its_max(rows):
+    hi, lo, rad = fast.extract_sum(rows)
+    n = rows.shape[1]
+    for i, row in enumerate(rows):
+        exact = sum((F(v) for v in row), F(0))
+        M = max(abs(F(v)) for v in row)
+        if M == 0:
+            assert rad[i] == np.inf
+            continue
+        # Finite wherever sigma = 2**k fits (these rows' values lie in [2**-1000, 2**900]): the
+        # extraction decides, it does not just give up.
+        assert rad[i] < np.inf
+        assert abs(exact - F(hi[i]) - F(lo[i])) <= F(rad[i])
+        # sigma < 2 M 4 n, so rad = n gamma_{n-1} sigma 2**-53 < 8 n**3 2**-106 M.
+        assert F(rad[i]) <= 8 * F(n) ** 3 * F(2) ** -106 * M + F(2) ** -1060
+
+
+def test_extract_sum_pays_for_lo_s_roundings_in_numpy_s_order():
+    # 0.75 sets sigma = 2**8 for 128 terms; the other 127 lie below half its grid, so they are the r
+    # themselves.  numpy adds 128 terms in 8 accumulators (term j into accumulator j mod 8), then
+    # pairwise; each term is picked to lose as much as it can in its accumulator, so lo errs by more
+    # than gamma_127 2**(k - 53), the bound without its factor n.
+    n, k = 128, 8
+    rng = random.Random(0)
+    row = np.zeros(n)
+    row[0] = 0.75
+    for j in range(8):
+        partial = 0.0
+        for t in range(1 if j == 0 else 0, 16):
+            tries = [2.0 ** (k - 54) * (0.5 + rng.random() / 2) for _ in range(200)]
+            x = max(tries, key=lambda v: F(partial) + F(v) - F(partial + v))
+            row[j + 8 * t], partial = x, partial + x
+    hi, lo, rad = fast.extract_sum(row[None])
+    err = abs(sum((F(v) for v in row), F(0)) - F(hi[0]) - F(lo[0]))
+    assert err <= F(rad[0])
+    assert err > F(fast.gamma(n - 1, fast.U64)) * F(2) ** (k - 53)
+
+
+def test_extract_sum_gives_the_same_enclosures_a_few_rows_at_a_time(monkeypatch):
+    rows = np.random.default_rng(0).standard_normal((7, 5)) * np.ldexp(1.0, np.arange(-300, 400, 100))[:, None]
+    rows[3] = 0.0
+    whole = fast.extract_sum(rows)
+    monkeypatch.setattr(fast, "_EXTRACT_CHUNK", 10)  # two rows per pass, the last pass one
+    for got, want in zip(fast.extract_sum(rows), whole):
+        assert np.array_equal(got, want)
+    hi, lo, rad = whole
+    for i, row in enumerate(rows):
+        if i != 3:
+            assert abs(sum((F(v) for v in row), F(0)) - F(hi[i]) - F(lo[i])) <= F(rad[i]) < F(2.0 ** -90) * max(abs(row))
+
+
+def test_extract_sum_leaves_rows_of_zeros_and_huge_rows_to_the_tree_sum():
+    rows = np.array([[0.0, -0.0, 0.0], [2.0 ** 1022, -(2.0 ** 1022), 1.0], [1.0, 2.0, 3.0]])
+    hi, lo, rad = fast.extract_sum(rows)
+    assert rad[0] == rad[1] == np.inf
+    assert hi[2] + lo[2] == 6.0 and rad[2] < 2.0 ** -40
 
 
 @pytest.mark.parametrize("name", ["float64", "float32", "bfloat16"])
