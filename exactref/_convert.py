@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._parallel import copy_array
+from ._parallel import copy_array, copy_checked
 from .formats import (
     FLOAT8_FORMATS,
     FLOAT32,
@@ -29,8 +29,8 @@ from .formats import (
 )
 from .rounding import round_float64, to_dtype
 
-__all__ = ["PROMOTIONS", "SATURATIONS", "Operand", "asarray", "available_memory", "check_readable", "format_of_dtype",
-           "operand", "promote", "values_of"]
+__all__ = ["PROMOTIONS", "SATURATIONS", "Operand", "asarray", "available_memory", "check_readable", "finite_values",
+           "format_of_dtype", "operand", "promote", "values_of"]
 
 _MEMORY: list[int] = []
 
@@ -186,20 +186,32 @@ def asarray(obj: Any, dtype: Any = None, *, saturation: str | None = None) -> np
     if dtype is None and saturation is not None:
         raise ValueError(f"saturation={saturation!r} needs a dtype to round to, such as dtype='float8_e4m3fn'")
     check_readable(obj, "obj")
-    return _read_array(obj, fmt)
+    return _read_array(obj, fmt)[0]
 
 
-def _read_array(obj: Any, fmt: Format | ComplexFormat | None) -> np.ndarray:
-    """:func:`asarray` of an ``obj`` that :func:`check_readable` has passed (its format inferred if None)."""
+def _read_array(obj: Any, fmt: Format | ComplexFormat | None,
+                check_finite: bool = False) -> tuple[np.ndarray, bool | None]:
+    """:func:`asarray` of an ``obj`` that :func:`check_readable` has passed (its format inferred if None),
+    and, with ``check_finite``, whether every value is finite where the copy could tell it (else None)."""
     try:
-        arr = _plain(obj)
+        # Not a copy of a tensor's memory: convert() makes the one copy (or a converted array).
+        arr = _plain(obj, copy=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"obj={_short(obj)} cannot be read as an array: {exc}") from None
     if arr.dtype == object:
         arr = _from_objects(arr, obj)
     if fmt is None:
         fmt = _infer_format(arr, obj)
-    return convert(arr, fmt)
+    if check_finite and arr.dtype == fmt.dtype and arr.dtype in (np.float32, np.float64):
+        return copy_checked(arr, finite_values)
+    return convert(arr, fmt), None
+
+
+def finite_values(x: np.ndarray) -> bool:
+    """Whether every value of the float32 or float64 array x is finite: its largest and smallest
+    values are finite exactly when every value is (a NaN is both), two reductions without a temporary."""
+    return not x.size or bool(np.isfinite(np.maximum.reduce(x, axis=None))
+                              and np.isfinite(np.minimum.reduce(x, axis=None)))
 
 
 _BY_DTYPE: dict[np.dtype, Format | ComplexFormat] = {}
@@ -285,6 +297,7 @@ class Operand:
     fmt: Format | ComplexFormat
     tier: int  # 2: has dimensions, 1: zero-dimensional array, 0: Python scalar
     scalar: float | complex | None = None
+    finite: bool | None = None  # every value finite, where operand(check_finite=True) could tell
 
     @property
     def is_python_scalar(self) -> bool:
@@ -306,10 +319,12 @@ def _too_large(obj: numbers.Integral, name: str) -> None:
     raise ValueError(f"{name}={short} is an integer too large to be a float64 exactly")
 
 
-def operand(obj: Any, name: str, *, float8: bool = False) -> Operand:
+def operand(obj: Any, name: str, *, float8: bool = False, check_finite: bool = False) -> Operand:
     """Read argument ``name``: a Python number becomes a scalar operand, anything else an array.
 
     float8 arrays are refused unless ``float8``: PyTorch computes no op on them but matmul and _scaled_mm.
+    With ``check_finite``, the copy of a float32 or float64 array also finds whether every value is
+    finite (:attr:`Operand.finite`), each block while it is in cache: no second pass over memory.
     """
     if isinstance(obj, bool):
         raise TypeError(f"{name}={obj!r} is a bool; pass a float")
@@ -321,7 +336,7 @@ def operand(obj: Any, name: str, *, float8: bool = False) -> Operand:
         return Operand(name, np.asarray(value), fmt, 0, value)
     check_readable(obj, name)
     try:
-        arr = _read_array(obj, None)  # asarray(obj), without checking obj a second time
+        arr, finite = _read_array(obj, None, check_finite)  # asarray(obj), without checking obj a second time
     except _IntegerValues as exc:
         raise TypeError(f"{name}: obj holds {exc.dtype} values, which no supported format is; convert it "
                         f"first with er.asarray({name}, 'float32') (or another float format)") from None
@@ -331,7 +346,7 @@ def operand(obj: Any, name: str, *, float8: bool = False) -> Operand:
     if fmt.name in FLOAT8_FORMATS and not float8:
         raise TypeError(f"{name} has dtype {fmt.name}, which only er.matmul and er.scaled_matmul take (PyTorch has "
                         f"no other float8 op); convert it first with er.asarray({name}, 'bfloat16'), exactly")
-    return Operand(name, arr, fmt, 2 if arr.ndim else 1)
+    return Operand(name, arr, fmt, 2 if arr.ndim else 1, finite=finite)
 
 
 def _promote_pair(a: Format | ComplexFormat, b: Format | ComplexFormat) -> Format | ComplexFormat:

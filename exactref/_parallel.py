@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _threads
 
-__all__ = ["copy_array", "for_each", "for_each_slice", "serially", "width"]
+__all__ = ["copy_array", "copy_checked", "for_each", "for_each_slice", "serially", "width"]
 
 # At most this many threads, whatever the BLAS pool: each holds a block (a few MiB) at a time.
 _MAX_WIDTH = 8
@@ -162,3 +162,20 @@ def copy_array(a: np.ndarray) -> np.ndarray:
     src, dst = a.reshape(-1), out.reshape(-1)
     for_each_slice(lambda cut: np.copyto(dst[cut], src[cut]), a.size, _COPY_BLOCK)
     return out
+
+
+def copy_checked(a: np.ndarray, check: Callable[[np.ndarray], bool]) -> tuple[np.ndarray, bool]:
+    """:func:`copy_array`, and whether ``check`` holds for every block of the copy, which together
+    are the whole copy; each block is checked right after it is copied, while it is still in cache."""
+    if a.size < 2 * _COPY_BLOCK or not a.flags.c_contiguous or width() == 1:
+        out = np.array(a, copy=True)
+        return out, check(out)  # (one block: a small copy is still in cache)
+    out = np.empty_like(a)
+    src, dst = a.reshape(-1), out.reshape(-1)
+    ok: list[bool] = []  # appends are atomic: the order does not matter
+
+    def block(cut: slice) -> None:
+        np.copyto(dst[cut], src[cut])
+        ok.append(check(dst[cut]))
+    for_each_slice(block, a.size, _COPY_BLOCK)
+    return out, all(ok)

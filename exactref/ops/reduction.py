@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._convert import operand, values_of
+from .._convert import finite_values, operand, values_of
 from .._parallel import for_each_slice
 from ..engine.fast import up
 from ..engine.sumprod import RowTerm, Solution, Term
@@ -65,14 +65,12 @@ def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
 def _all_finite(x: np.ndarray) -> bool:
     """Whether every value of x is finite."""
     if x.size and x.dtype in (np.float32, np.float64):
-        # The largest and the smallest value are finite exactly when every value is (a NaN is
-        # both): two reductions without a temporary, several times faster than a float64 sum;
-        # a large contiguous x in blocks, side by side (exactref/_parallel.py).
+        # A large contiguous x in blocks, side by side (exactref/_parallel.py).
         flat = x.reshape(-1) if x.flags.c_contiguous else None
         if flat is None or flat.size < 2 * _FINITE_BLOCK:
-            return _finite_range(x)
+            return finite_values(x)
         ok: list[bool] = []  # appends are atomic: the order does not matter
-        for_each_slice(lambda cut: ok.append(_finite_range(flat[cut])), flat.size, _FINITE_BLOCK)
+        for_each_slice(lambda cut: ok.append(finite_values(flat[cut])), flat.size, _FINITE_BLOCK)
         return all(ok)
     return bool(np.isfinite(x).all())
 
@@ -80,12 +78,9 @@ def _all_finite(x: np.ndarray) -> bool:
 _FINITE_BLOCK = 1 << 20
 
 
-def _finite_range(x: np.ndarray) -> bool:
-    return bool(np.isfinite(np.maximum.reduce(x, axis=None)) and np.isfinite(np.minimum.reduce(x, axis=None)))
-
-
-def _reduce(x: Any, axis: Any, keepdims: bool) -> tuple:
-    o = operand(x, "x")
+def _reduce(x: Any, axis: Any, keepdims: bool, check_finite: bool = False) -> tuple:
+    # Whether every value is finite can come with the op's copy of x, at no pass of its own.
+    o = operand(x, "x", check_finite=check_finite)
     if o.tier == 0:
         raise TypeError(f"sum: x={x!r} must be an array, not a Python scalar")
     if not isinstance(keepdims, (bool, np.bool_)):
@@ -111,7 +106,7 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     if tensor_core_of(model.order) is not None:
         raise ValueError(f"sum: model={model} has a tensor-core order, which only matmul, gemm and scaled_matmul "
                          "accumulate with; use 'any', 'sequential', 'pairwise' or Blocked(...) with a plain inner order")
-    o, axes, keep, out_shape = _reduce(x, axis, keepdims)
+    o, axes, keep, out_shape = _reduce(x, axis, keepdims, check_finite=True)
     out_size = int(np.prod(out_shape, dtype=np.int64))
     # The result's arrays, a float64 (or transposed) copy of x at most, and the engine's blocks.
     check_bytes("sum", out_size * _RESULT_BYTES + o.array.size * 16 + _BLOCK_BYTES, "x")
@@ -126,7 +121,7 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     n = moved.shape[-1]
     values = [moved.real, moved.imag] if fmt.is_complex else [moved]
 
-    all_finite = _all_finite(moved)
+    all_finite = o.finite if o.finite is not None else _all_finite(moved)
 
     def terms(finite: bool) -> list[list[Term]]:
         return [[RowTerm(1.0, zero_nonfinite(v) if finite and not all_finite else v, None, narrow)]

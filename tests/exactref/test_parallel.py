@@ -280,6 +280,47 @@ def test_the_blocked_copy_is_a_copy(wide):
     assert b[-1, 0] == 5 * parallel._COPY_BLOCK + 6
 
 
+@pytest.mark.parametrize("where", [0, parallel._COPY_BLOCK + 3, -1])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_the_checked_copy_finds_one_bad_value_in_any_block(wide, where, bad):
+    from exactref._convert import finite_values
+    x = np.ones(3 * parallel._COPY_BLOCK + 5)
+    y, ok = parallel.copy_checked(x, finite_values)
+    assert ok and np.array_equal(x, y) and not np.shares_memory(x, y)
+    x[where] = bad
+    y, ok = parallel.copy_checked(x, finite_values)
+    assert not ok and np.array_equal(x, y, equal_nan=True)
+    small = x[-7:] if where == -1 else x[where:where + 7]
+    assert not parallel.copy_checked(small, finite_values)[1]  # one block, copied whole
+
+
+@pytest.mark.parametrize(("dtype", "known"), [("float32", True), ("float64", True), ("float16", False)])
+def test_an_operand_read_with_check_finite_knows_whether_it_is_finite(wide, dtype, known):
+    from exactref._convert import operand
+    x = er.asarray(np.arange(6.0).reshape(2, 3), dtype)
+    assert operand(x, "x", check_finite=True).finite is (True if known else None)
+    x[1, 2] = np.inf
+    o = operand(x, "x", check_finite=True)
+    assert o.finite is (False if known else None)
+    x[1, 2] = 0.0  # the operand holds its own copy
+    assert o.array[1, 2] == np.inf
+    assert operand(x, "x").finite is None  # not asked
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_tensor_read_without_a_copy_of_its_own_is_still_copied_once(dtype):
+    # The tensor's memory is read as a view; the operand's array is the op's one copy of it.
+    torch = pytest.importorskip("torch")
+    from exactref._convert import operand
+    t = torch.arange(6.0).reshape(2, 3).to(getattr(torch, dtype))
+    o = operand(t, "x", check_finite=True)
+    t[1, 2] = 100.0
+    assert float(o.array[1, 2]) == 5.0 and o.finite is (True if dtype == "float32" else None)
+    res = er.sum(t)  # 0 + 1 + 2 + 3 + 4 + 100
+    t[0, 0] = 1000.0
+    assert res.rounded == 110.0 and res.exact(()) == 110
+
+
 @pytest.mark.parametrize("where", [0, 1 << 20, -1])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_a_blocked_finiteness_check_finds_one_bad_value(wide, where, bad):
