@@ -50,7 +50,11 @@ class Format:
     float8_e4m3fn and NVIDIA's ``__NV_SATFINITE`` do; False gives infinity,
     or NaN in a format without one (``__NV_NOSAT``, ml_dtypes).
     ``dtype`` is the numpy dtype that stores the format, or None for a format
-    that only exists inside an algorithm (TF32).
+    that only exists inside an algorithm (TF32).  ``cast_rounds`` says that
+    numpy's cast of float64 values to ``dtype`` is itself one correct
+    rounding to nearest, ties to even, with gradual underflow and overflow to
+    infinity (float32 and float16: numpy converts float64 to float16
+    directly, not through float32, whose rounding first could round twice).
     """
 
     name: str
@@ -62,6 +66,7 @@ class Format:
     saturates: bool = False
     dtype: Any = field(default=None, compare=False, repr=False)
     torch_name: str | None = field(default=None, compare=False, repr=False)
+    cast_rounds: bool = field(default=False, compare=False, repr=False)
 
     is_complex = False
 
@@ -154,8 +159,8 @@ def _real(name: str, p: int, emin: int, emax: int, dtype: Any, **kw: Any) -> For
 
 
 FLOAT64 = _real("float64", 53, -1022, 1023, np.float64)
-FLOAT32 = _real("float32", 24, -126, 127, np.float32)
-FLOAT16 = _real("float16", 11, -14, 15, np.float16)
+FLOAT32 = _real("float32", 24, -126, 127, np.float32, cast_rounds=True)
+FLOAT16 = _real("float16", 11, -14, 15, np.float16, cast_rounds=True)
 BFLOAT16 = _real("bfloat16", 8, -126, 127, ml_dtypes.bfloat16)
 # torch's cast saturates into float8_e4m3fn only; into the others it overflows to inf or NaN.
 FLOAT8_E4M3FN = _real("float8_e4m3fn", 4, -6, 8, ml_dtypes.float8_e4m3fn,

@@ -142,10 +142,10 @@ def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if fmt.p == 53 and fmt.emin == -1022:
         return np.where(np.isinf(x), np.copysign(fmt.max_finite, x), x) if fmt.saturates else x.copy()
-    if fmt.name == "float32":
-        # IEEE conversion float64 -> float32 is a single correct rounding.
+    if fmt.cast_rounds:
+        # numpy's cast is one correct rounding (IEEE conversion, see Format.cast_rounds).
         with np.errstate(over="ignore"):
-            r = x.astype(np.float32).astype(np.float64)
+            r = x.astype(fmt.dtype).astype(np.float64)
         return np.where(np.isinf(r), np.copysign(fmt.max_finite, r), r) if fmt.saturates else r
     # Quantum (ulp) exponent of each element: max(exponent, emin) - (p - 1).
     _, ex = np.frexp(x)

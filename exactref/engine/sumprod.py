@@ -436,14 +436,15 @@ def _bounds_lo_zero(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
     """The rounding to ``fmt`` (p <= 51) of values in [low, high], and where both ends round alike."""
-    if fmt.name != "float32" or fmt.saturates:
+    if not fmt.cast_rounds or fmt.saturates:
         return decide(low, low, low, fmt, bounds=(low, high))
-    # IEEE conversion to float32 is one correct rounding: compare in float32.
+    # numpy's cast to float32 or float16 is one correct rounding: compare in that format.
     with np.errstate(over="ignore", invalid="ignore"):
-        r_low, r_high = np.asarray(low).astype(np.float32), np.asarray(high).astype(np.float32)
+        r_low, r_high = np.asarray(low).astype(fmt.dtype), np.asarray(high).astype(fmt.dtype)
         # Equal values of one sign are equal bits (for a small output the calls are the cost).  Two
         # NaNs of equal bits are not decided either: their bounds fail the sign test.
-        same = r_low.view(np.int32) == r_high.view(np.int32)
+        bits = np.dtype(f"u{fmt.dtype.itemsize}")
+        same = r_low.view(bits) == r_high.view(bits)
         decided = same & ((low > 0) | (high < 0))
     return r_high.astype(np.float64), decided
 

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import exactref as er
+from exactref.engine import sumprod
 from exactref.formats import FLOAT8_FORMATS, FORMATS
 from exactref.rounding import decide, round_dyadic, round_dyadic_down_up, round_float64
 
@@ -65,6 +66,22 @@ def test_asarray_rounds_once_where_a_cast_through_float32_rounds_twice():
     x = 1 + 2.0 ** -8 + 2.0 ** -30
     assert float(np.float32(x).astype(ml_dtypes.bfloat16)) == 1.0  # the double rounding
     assert float(er.asarray([x], "bfloat16")[0]) == 1 + 2.0 ** -7
+
+
+@pytest.mark.parametrize("name", [f.name for f in FORMATS.values() if getattr(f, "cast_rounds", False)])
+@given(m=st.integers(0, 2 ** 11), binade=st.integers(0, 10 ** 6), offset=st.integers(2, 52),
+       sign=st.sampled_from([1, -1]), side=st.sampled_from([1, -1]))
+def test_a_format_whose_cast_rounds_rounds_once_just_off_its_ties(name, m, binade, offset, sign, side):
+    # A tie (m + 1/2) ulp moved by 2**-offset ulp: a cast through float32 first would put the
+    # farther ones onto the tie, which then rounds to even (float16 is cast directly).
+    fmt = FORMATS[name]
+    q = fmt.emin - fmt.p + 1 + binade % (fmt.emax - fmt.emin + 2)  # the ulp's exponent
+    m %= 1 << fmt.p
+    x = sign * math.ldexp(2 * m + 1 + side * 2.0 ** -offset, q - 1)
+    want = round_fraction(Fraction(x), name, negative_zero=sign < 0)
+    assert bits_equal(float(round_float64(np.array([x]), fmt)[0]), want)
+    value, decided = sumprod._decide_narrow(np.array([x]), np.array([x]), fmt)
+    assert decided[0] and bits_equal(float(value[0]), want)
 
 
 @pytest.mark.parametrize("name", REAL)
