@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -53,8 +54,9 @@ class Format:
     that only exists inside an algorithm (TF32).  ``cast_rounds`` says that
     numpy's cast of float64 values to ``dtype`` is itself one correct
     rounding to nearest, ties to even, with gradual underflow and overflow to
-    infinity (float32 and float16: numpy converts float64 to float16
-    directly, not through float32, whose rounding first could round twice).
+    infinity: float32; float16, which numpy converts directly, not through
+    float32 (whose rounding first could round twice); bfloat16 from
+    ml_dtypes 0.7 on.
     """
 
     name: str
@@ -161,7 +163,9 @@ def _real(name: str, p: int, emin: int, emax: int, dtype: Any, **kw: Any) -> For
 FLOAT64 = _real("float64", 53, -1022, 1023, np.float64)
 FLOAT32 = _real("float32", 24, -126, 127, np.float32, cast_rounds=True)
 FLOAT16 = _real("float16", 11, -14, 15, np.float16, cast_rounds=True)
-BFLOAT16 = _real("bfloat16", 8, -126, 127, ml_dtypes.bfloat16)
+# ml_dtypes casts float64 to bfloat16 directly, one rounding, from 0.7 on; before, through float32.
+_ML_DTYPES_ROUNDS_ONCE = tuple(int(part) for part in re.findall(r"\d+", ml_dtypes.__version__)[:2]) >= (0, 7)
+BFLOAT16 = _real("bfloat16", 8, -126, 127, ml_dtypes.bfloat16, cast_rounds=_ML_DTYPES_ROUNDS_ONCE)
 # torch's cast saturates into float8_e4m3fn only; into the others it overflows to inf or NaN.
 FLOAT8_E4M3FN = _real("float8_e4m3fn", 4, -6, 8, ml_dtypes.float8_e4m3fn,
                       has_inf=False, nan_encoding="fn", saturates=True)
