@@ -652,8 +652,9 @@ def _grid(pieces: np.ndarray) -> np.ndarray:
     multiples of 2**g stay multiples of 2**g (a rounding's ulp is at least 2**g, or it is exact).
     So are extract_sum's: each q is p, or a multiple of its grid 2**(k - 53), itself a multiple of
     2**g where some p is not; so is r = p - q.  Where ``|exact - (hi + lo)| <= rad`` has rad below
-    2**g, the difference, a multiple of 2**g, is zero: hi + lo is the exact sum.  A sum of float32 products that cancels to a small
-    value is such a sum: exactly a float64, and undecided by any error bound that is not zero.
+    2**g, the difference, a multiple of 2**g, is zero: hi + lo is the exact sum.  A sum of float32
+    products that cancels to a small value is such a sum: exactly a float64, and undecided by any
+    error bound that is not zero.
     """
     frac, ex = np.frexp(pieces)  # pieces = m * 2**(ex - 53), m an integer below 2**53
     m = np.ldexp(frac, 53).astype(np.int64)
