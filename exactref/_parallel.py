@@ -156,17 +156,13 @@ _COPY_BLOCK = 1 << 20
 
 def copy_array(a: np.ndarray) -> np.ndarray:
     """``np.array(a, copy=True)``, a large C-contiguous array copied in blocks side by side."""
-    if a.size < 2 * _COPY_BLOCK or not a.flags.c_contiguous or width() == 1:
-        return np.array(a, copy=True)
-    out = np.empty_like(a)
-    src, dst = a.reshape(-1), out.reshape(-1)
-    for_each_slice(lambda cut: np.copyto(dst[cut], src[cut]), a.size, _COPY_BLOCK)
-    return out
+    return copy_checked(a, lambda block: True)[0]
 
 
 def copy_checked(a: np.ndarray, check: Callable[[np.ndarray], bool]) -> tuple[np.ndarray, bool]:
-    """:func:`copy_array`, and whether ``check`` holds for every block of the copy, which together
-    are the whole copy; each block is checked right after it is copied, while it is still in cache."""
+    """``np.array(a, copy=True)``, a large C-contiguous array copied in blocks side by side, and
+    whether ``check`` holds for every block of the copy, which together are the whole copy; each
+    block is checked right after it is copied, while it is still in cache."""
     if a.size < 2 * _COPY_BLOCK or not a.flags.c_contiguous or width() == 1:
         out = np.array(a, copy=True)
         return out, check(out)  # (one block: a small copy is still in cache)
