@@ -154,3 +154,41 @@ def test_decide_split_settles_a_boundary_by_the_remainders_sign():
     assert decide_split(zero, FLOAT32) is None
     assert decide_split(zero, FLOAT32, final=True)[0] == 0.0
 
+
+
+def _huge_key_rows(seed):
+    """float64 (1, 1, 4, 2) q and (1, 1, 5, 2) k where one key is 2**40 to 2**60: its logit's float64
+    rounding is a sizeable fraction of a nat, while its weight underflows to 0 beside the others."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 1, 4, 2))
+    k = rng.standard_normal((1, 1, 5, 2)) * 3
+    k[0, 0, rng.integers(5)] = rng.choice([-1, 1], 2) * 2.0 ** rng.uniform(40, 60, 2)
+    return q, k, rng.standard_normal((1, 1, 5, 3))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_pass_weights_bound_the_exact_softmax_beside_a_huge_logit(seed):
+    # Found by the audit: the row-wise bound P / (1 - pi) went negative when the huge logit's error
+    # made pi >= 1, and the weights' upper bound P_up became ~1e-323; the models then budgeted nothing.
+    import mpmath
+
+    from exactref.ops.attention._first import FirstPass
+    from exactref.ops.attention._problem import read_problem
+    q, k, v = _huge_key_rows(seed)
+    fp = FirstPass(read_problem(q, k, v, None, 0.0, False, None, False, "top_left"))
+    with mpmath.workprec(400):
+        s = 1 / mpmath.sqrt(2)  # the default scale 1/sqrt(E), exactly
+        for i in range(4):
+            dots = [sum(Fraction(q[0, 0, i, c]) * Fraction(k[0, 0, j, c]) for c in range(2)) for j in range(5)]
+            x = [mpmath.mpf(d.numerator) / d.denominator * s for d in dots]
+            top = max(x)
+            w = [mpmath.exp(t - top) for t in x]
+            for j in range(5):
+                P = w[j] / mpmath.fsum(w)
+                assert P <= fp.P_up[0, i, j], (i, j, float(P), fp.P_up[0, i, j])
+                assert abs(fp.P[0, i, j] - P) <= fp.e_P[0, i, j], (i, j)
+    # Where the huge logit's weight underflows, the others keep float64-sized bounds.
+    huge = int(np.argmax(np.abs(k[0, 0, :, 0])))
+    rows = fp.P[0, :, huge] == 0
+    assert rows.any()
+    assert (fp.e_P[0][rows] <= 1e-13 * fp.P[0][rows] + 1e-290).all()

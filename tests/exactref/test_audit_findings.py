@@ -146,6 +146,29 @@ def test_attention_backward_where_a_weight_underflows_against_a_huge_dp():
             assert g[name].covers(t.grad).all(), (algorithm, name)
 
 
+def test_float64_attention_beside_a_key_whose_logit_is_huge():
+    # Key 1's logit, -1.75 * 2**49, underflows its weight to 0, but its float64 rounding bound is
+    # a third of a nat: the first pass's row-wise weight bound went negative, so the weights' upper
+    # bound was ~1e-323 and the tolerance of the weight on key 2 (about 0.012) was 2 ulps. The math
+    # path is 3 ulps from the correctly rounded value, as any kernel may be after its logit's rounding.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    f = float.fromhex
+    q = torch.tensor([[f("-0x1.cp+0")], [0.0]], dtype=torch.float64)
+    k = torch.tensor([[f("-0x1.42b6a5be2335cp+1")], [f("0x1p+49")], [0.0]], dtype=torch.float64)
+    v = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
+    with sdpa_kernel(SDPBackend.MATH):
+        got = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    res = er.scaled_dot_product_attention(q, k, v)
+    exact = float.fromhex("0x1.88b3e3604669dp-7")
+    assert res.rounded[0, 0] == exact and got[0, 0].item() == float.fromhex("0x1.88b3e360466a0p-7")
+    assert res.covers(got).all()
+    # Still narrow: the weight's tolerance is that of an ordinary row, not the logit's third of a nat.
+    assert res.tolerance[0, 0] < 2.0 ** -40 * exact
+    off = got.clone()
+    off[0, 0] = exact * (1 + 2.0 ** -40)
+    assert not res.covers(off)[0, 0]
+
+
 def test_cpu_fused_attention_swallows_a_nan_logit_and_exactref_says_so():
     # A PyTorch 2.13 bug, not exactref's: the CPU fused kernel takes the NaN logit of an attended
     # key for a masked one and returns 0, where the math path (exactref's normal answer) gives NaN.

@@ -258,6 +258,7 @@ class _Rows:
         self.P, self.P_up, self.e_P = (np.empty((n, S)) for _ in range(3))
         self.M, self.pi, self.logit_rowmax, self.epsbar = (np.empty(n) for _ in range(4))
         self.full = np.empty(n, dtype=bool)
+        self.loose: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # see _loose_rows
 
     def blocks(self) -> list[slice]:
         step = max(1, _BLOCK // max(self.S, 1))
@@ -288,6 +289,9 @@ class _Rows:
         self.Z[sl], self.ez[sl], self.M[sl], self.full[sl] = Z, ez, M, full
         self.w[sl] = np.where(unmasked, w, 0.0)
         self.epsbar[sl] = np.max(eps, axis=-1) if S else 0.0
+        loose = np.nonzero(self.epsbar[sl] >= _LOOSE)[0]
+        if loose.size:
+            self.loose[sl.start] = _loose_rows(loose, w, rel, ey, eps, unmasked)
         self.logit_rowmax[sl] = np.max(np.where(unmasked, np.abs(Z) + ez, 0.0), axis=-1) if S else 0.0
 
     def weights(self, sl: slice, unmasked: np.ndarray, W: np.ndarray, W_err: np.ndarray) -> None:
@@ -299,6 +303,54 @@ class _Rows:
         P_up = np.where(unmasked, up((P + TINY) / (1 - pi[..., None])), 0.0)
         self.P[sl], self.pi[sl], self.P_up[sl] = P, pi, P_up
         self.e_P[sl] = np.where(unmasked, up(P_up * pi[..., None] + TINY), 0.0)  # |P~ - P|
+        if sl.start in self.loose:
+            rows, wup, err = self.loose[sl.start]
+            at = sl.start + rows
+            self.P_up[at], self.e_P[at] = _loose_weights(self.P[at], wup, err, W[sl][rows], W_err[sl][rows],
+                                                         unmasked[rows])
+
+
+# The row-wise bound pi takes the row's worst weight error for every weight: one huge logit, whose
+# float64 rounding is a sizeable fraction of a nat, would loosen them all, though its own weight
+# underflows; and once pi >= 1 the bound P / (1 - pi) is negative, not a bound.  Rows whose worst
+# error reaches _LOOSE get element-wise bounds (_loose_weights) instead.  Below it pi < 3/4, and
+# ordinary rows (logits below ~10**6, epsbar ~ 1e-15) keep the row-wise bound and its speed.
+_LOOSE = 2.0 ** -30
+
+
+def _loose_rows(rows, w, rel, ey, eps, unmasked):
+    """For the rows ``rows`` of a block: an upper bound wup on each exact weight exp(x_j - M), and
+    err >= |w~_j - exp(x_j - M)|, from the element's own errors rather than the row's worst.
+
+    x_j - M <= y_j + ey_j <= ey_j (y_j = Z_j - M <= 0), so exp(x_j - M) <= e**ey_j, and it is at most
+    e**ey_j (w~_j + 2**-1074) / (1 - rel_j) from the exp's own result (2**-1074: its underflow).
+    """
+    w, rel, ey, eps, unm = w[rows], rel[rows], ey[rows], eps[rows], unmasked[rows]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        grow = up(1 + expm1_up(ey))  # >= e**ey, inf where ey is huge
+        from_w = np.where(rel < 0.5, up(grow * (w + 2.0 ** -1074) / (1 - rel)), np.inf)
+        wup = np.fmin(from_w, grow)
+        err = np.fmin(up(eps * wup), up(w + wup))  # eps may be inf; |w~ - w| <= w~ + w anyway
+    return rows, np.where(unm, wup, 0.0), np.where(unm, err, 0.0)
+
+
+def _loose_weights(P, wup, err, W, W_err, unm):
+    """P_up >= P_j and e_P >= |P~_j - P_j| element by element, for rows with loose weights.
+
+    With the exact row sum W_x: |sum_j w~_j - W_x| <= sum_j err_j = A, the computed W within W_err
+    of sum_j w~_j, so W_x >= W / (1 + W_err) - A and |W - W_x| <= A + W_err W / (1 - W_err); then
+    P_j = w_j / W_x <= min(1, wup_j / W_x) and, with P~_j = fl(w~_j / W),
+    |P~_j - P_j| <= err_j / W + P_j |W - W_x| / W + u P~_j, and at most P~_j + P_j.
+    """
+    S = P.shape[-1]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        A = up(np.sum(err, axis=-1) * (1 + g(S)) + S * 2.0 ** -1074)
+        W_lo = (W / (1 + W_err) * (1 - 4 * U) - A) * (1 - 4 * U)
+        P_up = np.where((W_lo > 0)[..., None], np.fmin(up(wup / W_lo[..., None]), 1.0), 1.0)
+        dW = up(A + W_err * W / (1 - W_err))
+        e_P = up(err / W[..., None] + P_up * (dW / W)[..., None] + U * P + TINY)
+        e_P = np.where(np.isfinite(e_P), np.fmin(e_P, up(P + P_up)), up(P + P_up))
+    return np.where(unm, P_up, 0.0), np.where(unm, e_P, 0.0)
 
 
 class FirstPass:
