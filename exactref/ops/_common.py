@@ -237,19 +237,22 @@ def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None
     step = max(1, _JUDGE_BLOCK // max(size // shape[0], 1))
     full = [None if v is None else np.broadcast_to(v, shape) for v in (E, special, overflow, nan_also)]
     out: dict[str, np.ndarray] = {"rounded": sol.rounded, "x_lo": sol.x_lo, "x_hi": sol.x_hi}
+    # A Part's values and bounds are float64, its marks bool: the arrays exist before any block runs.
+    for name, dtype in _PART_DTYPES.items():
+        out.setdefault(name, np.empty(shape, dtype=dtype))
 
     def block(cut: slice) -> None:
         E_b, special_b, overflow_b, nan_b = (None if v is None else v[cut] for v in full)
         part = judge(sol.rounded[cut], sol.x_lo[cut], sol.x_hi[cut], E_b, fmt, special=special_b,
                      overflow=overflow_b, nan_also=nan_b, via=via)
-        for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance"):
-            value = np.asarray(getattr(part, name))
-            if name not in out:
-                out[name] = np.empty(shape, dtype=value.dtype)
-            out[name][cut] = value
-    # The first block makes the output arrays; the others side by side (exactref/_parallel.py).
-    for_each_slice(block, shape[0], step, first_alone=True)
+        for name in _PART_DTYPES:
+            out[name][cut] = getattr(part, name)
+    for_each_slice(block, shape[0], step)  # side by side (exactref/_parallel.py)
     return Part(**out)
+
+
+_PART_DTYPES = {"rounded": np.float64, "x_lo": np.float64, "x_hi": np.float64, "lo": np.float64,
+                "hi": np.float64, "nan_ok": np.bool_, "special_ok": np.bool_, "tolerance": np.float64}
 
 
 def _share_complex_specials(solved: list) -> None:
