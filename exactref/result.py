@@ -18,6 +18,7 @@ Each real part of an output carries, per element:
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -313,8 +314,7 @@ def _dtype_mismatch(x: Any, result: Result, allowed: tuple[str, ...] = ()) -> st
     dtype = getattr(x, "dtype", None)
     if dtype is None:
         return ""
-    name = str(dtype).replace("torch.", "")
-    want = result.dtype.name
+    name, want = _dtype_name(dtype, False), _dtype_name(result.dtype, True)
     if name == want or name in allowed:
         return ""
     text = (f"{result.op}: got {name} values for a {want} result; check() judges a kernel's output in the "
@@ -324,6 +324,14 @@ def _dtype_mismatch(x: Any, result: Result, allowed: tuple[str, ...] = ()) -> st
                  f"float16 array with a float32 0-d array to float32, where torch, whose promotion ExactRef "
                  f"follows, keeps float16 (er.add and er.multiply take promotion='numpy' to follow numpy). ")
     return text + f"Cast the output to {want}, or compute the reference from inputs of the kernel's format."
+
+
+@functools.lru_cache(maxsize=128)
+def _dtype_name(dtype: Any, canonical: bool) -> str:
+    """A numpy dtype's name if ``canonical``, else its str ('>f4' for big-endian float32), with
+    torch's dtypes by their names; cached, since numpy's dtype.name is Python code (about 10 us,
+    which a small output's covers() paid twice)."""
+    return dtype.name if canonical else str(dtype).replace("torch.", "")
 
 
 def _join(parts: list[Part]) -> np.ndarray:
