@@ -166,14 +166,17 @@ def _huge_key_rows(seed):
     return q, k, rng.standard_normal((1, 1, 5, 3))
 
 
+@pytest.mark.parametrize("block", [None, 5])  # 5: a block per row, so rows past the first block count
 @pytest.mark.parametrize("seed", range(6))
-def test_first_pass_weights_bound_the_exact_softmax_beside_a_huge_logit(seed):
+def test_first_pass_weights_bound_the_exact_softmax_beside_a_huge_logit(seed, block, monkeypatch):
     # Found by the audit: the row-wise bound P / (1 - pi) went negative when the huge logit's error
     # made pi >= 1, and the weights' upper bound P_up became ~1e-323; the models then budgeted nothing.
     import mpmath
 
     from exactref.ops.attention._first import FirstPass
     from exactref.ops.attention._problem import read_problem
+    if block is not None:
+        monkeypatch.setattr("exactref.ops.attention._first._BLOCK", block)
     q, k, v = _huge_key_rows(seed)
     fp = FirstPass(read_problem(q, k, v, None, 0.0, False, None, False, "top_left"))
     with mpmath.workprec(400):

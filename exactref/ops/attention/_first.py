@@ -306,8 +306,8 @@ class _Rows:
         if sl.start in self.loose:
             rows, wup, err = self.loose[sl.start]
             at = sl.start + rows
-            self.P_up[at], self.e_P[at] = _loose_weights(self.P[at], wup, err, W[sl][rows], W_err[sl][rows],
-                                                         unmasked[rows])
+            # (W, W_err and unmasked are the block's own, like ``rows``.)
+            self.P_up[at], self.e_P[at] = _loose_weights(self.P[at], wup, err, W[rows], W_err[rows], unmasked[rows])
 
 
 # The row-wise bound pi takes the row's worst weight error for every weight: one huge logit, whose
