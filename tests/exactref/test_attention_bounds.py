@@ -155,7 +155,6 @@ def test_decide_split_settles_a_boundary_by_the_remainders_sign():
     assert decide_split(zero, FLOAT32, final=True)[0] == 0.0
 
 
-
 def _huge_key_rows(seed):
     """float64 (1, 1, 4, 2) q and (1, 1, 5, 2) k where one key is 2**40 to 2**60: its logit's float64
     rounding is a sizeable fraction of a nat, while its weight underflows to 0 beside the others."""
