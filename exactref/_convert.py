@@ -189,10 +189,11 @@ def asarray(obj: Any, dtype: Any = None, *, saturation: str | None = None) -> np
     return _read_array(obj, fmt)[0]
 
 
-def _read_array(obj: Any, fmt: Format | ComplexFormat | None,
-                check_finite: bool = False) -> tuple[np.ndarray, bool | None]:
+def _read_array(obj: Any, fmt: Format | ComplexFormat | None, check_finite: bool = False,
+                copy: bool = True) -> tuple[np.ndarray, bool | None]:
     """:func:`asarray` of an ``obj`` that :func:`check_readable` has passed (its format inferred if None),
-    and, with ``check_finite``, whether every value is finite where the copy could tell it (else None)."""
+    and, with ``check_finite``, whether every value is finite where the copy could tell it (else None).
+    Without ``copy``, an array already in its format's dtype comes back as it is, obj's own memory."""
     try:
         # Not a copy of a tensor's memory: convert() makes the one copy (or a converted array).
         arr = _plain(obj, copy=False)
@@ -202,6 +203,8 @@ def _read_array(obj: Any, fmt: Format | ComplexFormat | None,
         arr = _from_objects(arr, obj)
     if fmt is None:
         fmt = _infer_format(arr, obj)
+    if not copy and arr.dtype == fmt.dtype:
+        return arr, None
     if check_finite and arr.dtype == fmt.dtype and arr.dtype in (np.float32, np.float64):
         return copy_checked(arr, finite_values)
     return convert(arr, fmt), None
@@ -298,6 +301,7 @@ class Operand:
     tier: int  # 2: has dimensions, 1: zero-dimensional array, 0: Python scalar
     scalar: float | complex | None = None
     finite: bool | None = None  # every value finite, where operand(check_finite=True) could tell
+    owned: bool = True  # False: the caller's memory (operand(copy=False)), to be copied before it is kept
 
     @property
     def is_python_scalar(self) -> bool:
@@ -319,12 +323,15 @@ def _too_large(obj: numbers.Integral, name: str) -> None:
     raise ValueError(f"{name}={short} is an integer too large to be a float64 exactly")
 
 
-def operand(obj: Any, name: str, *, float8: bool = False, check_finite: bool = False) -> Operand:
+def operand(obj: Any, name: str, *, float8: bool = False, check_finite: bool = False,
+            copy: bool = True) -> Operand:
     """Read argument ``name``: a Python number becomes a scalar operand, anything else an array.
 
     float8 arrays are refused unless ``float8``: PyTorch computes no op on them but matmul and _scaled_mm.
     With ``check_finite``, the copy of a float32 or float64 array also finds whether every value is
     finite (:attr:`Operand.finite`), each block while it is in cache: no second pass over memory.
+    Without ``copy``, an array already in its format's dtype is obj's own memory (``owned`` False),
+    for an op that copies it on its own first pass; it must not be kept.
     """
     if isinstance(obj, bool):
         raise TypeError(f"{name}={obj!r} is a bool; pass a float")
@@ -336,7 +343,7 @@ def operand(obj: Any, name: str, *, float8: bool = False, check_finite: bool = F
         return Operand(name, np.asarray(value), fmt, 0, value)
     check_readable(obj, name)
     try:
-        arr, finite = _read_array(obj, None, check_finite)  # asarray(obj), without checking obj a second time
+        arr, finite = _read_array(obj, None, check_finite, copy)  # asarray(obj), without checking obj again
     except _IntegerValues as exc:
         raise TypeError(f"{name}: obj holds {exc.dtype} values, which no supported format is; convert it "
                         f"first with er.asarray({name}, 'float32') (or another float format)") from None
@@ -346,7 +353,8 @@ def operand(obj: Any, name: str, *, float8: bool = False, check_finite: bool = F
     if fmt.name in FLOAT8_FORMATS and not float8:
         raise TypeError(f"{name} has dtype {fmt.name}, which only er.matmul and er.scaled_matmul take (PyTorch has "
                         f"no other float8 op); convert it first with er.asarray({name}, 'bfloat16'), exactly")
-    return Operand(name, arr, fmt, 2 if arr.ndim else 1, finite=finite)
+    # (Without copy, a converted array is the op's own too; taking it for obj's costs one copy.)
+    return Operand(name, arr, fmt, 2 if arr.ndim else 1, finite=finite, owned=copy)
 
 
 def _promote_pair(a: Format | ComplexFormat, b: Format | ComplexFormat) -> Format | ComplexFormat:

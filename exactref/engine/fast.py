@@ -269,7 +269,7 @@ _SUM_BLOCK = 1 << 22
 _SUM_WIDTH = 64
 
 
-def long_sums(X: np.ndarray, narrow: bool) -> Enclosure:
+def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enclosure:
     """Enclosures of the sums of X (..., T) over its last axis, for long rows, in bounded memory.
 
     ``narrow`` values (at most 26 significant bits) are added in float64 in
@@ -280,33 +280,38 @@ def long_sums(X: np.ndarray, narrow: bool) -> Enclosure:
     ``x = q1 + q2 + r`` (Ozaki's extraction, see :func:`_slices`), so that
     the q sum exactly and only the small r err.  X is read
     in blocks of rows (or of one row), so no float64 copy of it is made.
+    ``out``, an array of X's shape and dtype, receives a copy of X, each part
+    written while it is read for the sums (no pass over memory of its own).
     """
     lead, T = X.shape[:-1], X.shape[-1]
     rows = X.reshape(-1, T)
+    dst = None if out is None else out.reshape(-1, T)  # (a view: out is C-contiguous, as X)
     hi, lo, rad, S = (np.empty(rows.shape[0]) for _ in range(4))
     step = _SUM_BLOCK // max(T, 1)
     with np.errstate(over="ignore", invalid="ignore"):
         if step >= 1:
             def block(part: slice) -> None:
-                hi[part], lo[part], rad[part], S[part] = _sum_block(rows[part], narrow)
+                hi[part], lo[part], rad[part], S[part] = _sum_block(rows[part], narrow,
+                                                                    None if dst is None else dst[part])
             # Independent blocks, side by side (exactref/_parallel.py).  A single block runs on
             # this thread, so a narrow one shares out its own first level (_first_level).
             for_each_slice(block, rows.shape[0], step)
         else:
             for i in range(rows.shape[0]):
-                hi[i], lo[i], rad[i], S[i] = _long_row(rows[i], narrow)
+                hi[i], lo[i], rad[i], S[i] = _long_row(rows[i], narrow, None if dst is None else dst[i])
     bad = ~np.isfinite(hi) | ~np.isfinite(lo) | ~(rad < np.inf) | np.isnan(S)
     return Enclosure(np.where(bad, 0.0, hi).reshape(lead), np.where(bad, 0.0, lo).reshape(lead),
                      np.where(bad, np.inf, rad).reshape(lead), S.reshape(lead))
 
 
-def _long_row(row: np.ndarray, narrow: bool) -> tuple[float, float, float, float]:
-    """One row longer than a block: its blocks' enclosures, added by a tree sum."""
+def _long_row(row: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> tuple[float, float, float, float]:
+    """One row longer than a block: its blocks' enclosures, added by a tree sum (``out``: see long_sums)."""
     starts = range(0, row.size, _SUM_BLOCK)
     parts: list[Any] = [None] * len(starts)
 
     def block(i: int) -> None:
-        parts[i] = _sum_block(row[None, starts[i]:starts[i] + _SUM_BLOCK], narrow)
+        cut = slice(starts[i], starts[i] + _SUM_BLOCK)
+        parts[i] = _sum_block(row[None, cut], narrow, None if out is None else out[None, cut])
     # A narrow block shares out its own first level (_first_level), which balances better.
     (serially if narrow else for_each)(block, len(starts))
     his, los, rads, Ss = (np.concatenate(v) for v in zip(*parts))
@@ -315,14 +320,19 @@ def _long_row(row: np.ndarray, narrow: bool) -> tuple[float, float, float, float
     return float(h[0]), float(lo[0]), float(up(r[0] + np.sum(rads) * g)), float(up(np.sum(Ss) * g))
 
 
-def _sum_block(block: np.ndarray, narrow: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(hi, lo, rad, S) for each row of a 2-D block: ``|sum - (hi + lo)| <= rad``, ``sum|x| <= S``."""
+def _sum_block(block: np.ndarray, narrow: bool, out: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(hi, lo, rad, S) for each row of a 2-D block: ``|sum - (hi + lo)| <= rad``, ``sum|x| <= S``;
+    ``out`` (of the block's shape) receives a copy of it."""
     T = block.shape[1]
     g = gamma(_SUM_WIDTH - 1, U64)
+    if out is not None and not (narrow and T >= _FUSED_MIN and T % _SUM_WIDTH == 0):
+        np.copyto(out, block)  # (only _first_level copies as it reads)
+        out = None
     if narrow and T >= _FUSED_MIN:
         # The first level of both sums in one pass over the block, a few columns at a time;
         # then the same levels as _grouped_sum.
-        first, first_abs = _first_level(block)
+        first, first_abs = _first_level(block, out)
         S, levels = _grouped_sum(first_abs, 1)
         total, _ = _grouped_sum(first, 1)
     elif narrow:
@@ -357,9 +367,11 @@ _FUSED_CHUNK = 1 << 17
 _FUSED_PARALLEL = 1 << 21
 
 
-def _first_level(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _first_level(block: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The first level of ``_grouped_sum(block)`` and of ``_grouped_sum(np.abs(block))``, the same
-    values, in one pass over the block without a temporary of its size.
+    values, in one pass over the block without a temporary of its size.  ``out`` (of the block's
+    shape, which then has whole groups: no padding) receives a copy of the block, each bunch
+    written from the cache right after it is read.
 
     numpy adds the groups of a (rows, 64, m) array over its middle axis one after the other
     (for m >= 2), whatever the dtype it casts from: cache-sized bunches of whole columns
@@ -370,6 +382,7 @@ def _first_level(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     cur = np.concatenate([block, np.zeros((rows, pad), dtype=block.dtype)], axis=1) if pad else block
     m = cur.shape[1] // _SUM_WIDTH
     view = cur.reshape(rows, _SUM_WIDTH, m)
+    dst = None if out is None else out.reshape(rows, _SUM_WIDTH, m)
     step = max(2, _FUSED_CHUNK // (_SUM_WIDTH * rows))
     starts = list(range(0, m, step))
     if len(starts) > 1 and m - starts[-1] < 2:
@@ -386,6 +399,8 @@ def _first_level(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             buf = bufs[threading.get_ident()] = np.empty((rows, _SUM_WIDTH, widest))
         part = buf[:, :, :j1 - j0]
         np.copyto(part, view[:, :, j0:j1])
+        if dst is not None:
+            np.copyto(dst[:, :, j0:j1], view[:, :, j0:j1])
         np.add.reduce(part, axis=1, out=first[:, j0:j1])
         np.abs(part, out=part)
         np.add.reduce(part, axis=1, out=first_abs[:, j0:j1])

@@ -116,6 +116,8 @@ class RowTerm:
     X: np.ndarray
     Y: np.ndarray | None = None
     narrow: bool = True  # every value has at most 26 significant bits
+    # The enclosure of the sums, where the op computed it already (fast.long_sums, as it copied X).
+    known: fast.Enclosure | None = None
 
     def shape_with(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return shape + (self.X.shape[-1],)
@@ -125,6 +127,8 @@ class RowTerm:
         return self.X.shape[-1]
 
     def enclose(self, shape: tuple[int, ...]) -> fast.Enclosure:
+        if self.known is not None and np.shape(self.known.hi) == shape:
+            return self.known
         X = np.broadcast_to(self.X, self.shape_with(shape))
         Y = None if self.Y is None else np.broadcast_to(self.Y, self.shape_with(shape))
         if Y is None and X.shape[-1] >= _LONG_ROW:

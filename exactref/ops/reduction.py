@@ -11,13 +11,14 @@ summed into: a copy, exact, so its tolerance is zero.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from .._convert import finite_values, operand, values_of
-from .._parallel import for_each_slice
-from ..engine.fast import up
+from .._convert import Operand, finite_values, operand, values_of
+from .._parallel import copy_array, copy_checked, for_each_slice
+from ..engine.fast import Enclosure, long_sums, up
 from ..engine.sumprod import RowTerm, Solution, Term
 from ..formats import part_of
 from ..models._bounds import declared, dot_error, overflow_possible
@@ -78,9 +79,9 @@ def _all_finite(x: np.ndarray) -> bool:
 _FINITE_BLOCK = 1 << 20
 
 
-def _reduce(x: Any, axis: Any, keepdims: bool, check_finite: bool = False) -> tuple:
+def _reduce(x: Any, axis: Any, keepdims: bool, check_finite: bool = False, copy: bool = True) -> tuple:
     # Whether every value is finite can come with the op's copy of x, at no pass of its own.
-    o = operand(x, "x", check_finite=check_finite)
+    o = operand(x, "x", check_finite=check_finite, copy=copy)
     if o.tier == 0:
         raise TypeError(f"sum: x={x!r} must be an array, not a Python scalar")
     if not isinstance(keepdims, (bool, np.bool_)):
@@ -90,6 +91,34 @@ def _reduce(x: Any, axis: Any, keepdims: bool, check_finite: bool = False) -> tu
     out_shape = tuple(1 if i in axes else n for i, n in enumerate(o.shape)) if keepdims else \
         tuple(o.shape[i] for i in keep)
     return o, axes, keep, out_shape
+
+
+# A full sum of at least this many float32 values is enclosed as it is copied (_own).
+_FUSED_SIZE = 1 << 16
+
+
+def _own(o: Operand, axes: tuple[int, ...]) -> tuple[Operand, Enclosure | None]:
+    """The op's own copy of x (which the Result keeps, for exact values on demand), and, for a long
+    full sum of float32 values, the enclosure of that sum, computed as the copy is made.
+
+    The sums of |x| there are float64 sums of float32 values, which cannot overflow: they are inf
+    or NaN exactly where a value is, so they tell whether every value is finite.  RowTerm.enclose
+    would compute the same enclosure from the copy (fast.long_sums, on the same values in the same
+    layout); a sum with a non-finite value is computed as before, without it.
+    """
+    if o.owned:
+        return o, None
+    arr = o.array
+    if arr.dtype == np.float32 and len(axes) == arr.ndim and arr.flags.c_contiguous and arr.size >= _FUSED_SIZE:
+        mine = np.empty_like(arr)
+        enc = long_sums(arr.reshape(-1), True, out=mine.reshape(-1))
+        finite = bool(np.isfinite(enc.S))
+        return replace(o, array=mine, finite=finite, owned=True), enc if finite else None
+    if arr.dtype in (np.float32, np.float64):
+        mine, finite = copy_checked(arr, finite_values)
+    else:
+        mine, finite = copy_array(arr), None
+    return replace(o, array=mine, finite=finite, owned=True), None
 
 
 def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = False,  # noqa: A001
@@ -106,10 +135,11 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     if tensor_core_of(model.order) is not None:
         raise ValueError(f"sum: model={model} has a tensor-core order, which only matmul, gemm and scaled_matmul "
                          "accumulate with; use 'any', 'sequential', 'pairwise' or Blocked(...) with a plain inner order")
-    o, axes, keep, out_shape = _reduce(x, axis, keepdims, check_finite=True)
+    o, axes, keep, out_shape = _reduce(x, axis, keepdims, check_finite=True, copy=False)
     out_size = int(np.prod(out_shape, dtype=np.int64))
     # The result's arrays, a float64 (or transposed) copy of x at most, and the engine's blocks.
     check_bytes("sum", out_size * _RESULT_BYTES + o.array.size * 16 + _BLOCK_BYTES, "x")
+    o, known = _own(o, axes)
     fmt = o.fmt
     pfmt = part_of(fmt)
     narrow = 2 * pfmt.p <= 53
@@ -124,8 +154,8 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     all_finite = o.finite if o.finite is not None else _all_finite(moved)
 
     def terms(finite: bool) -> list[list[Term]]:
-        return [[RowTerm(1.0, zero_nonfinite(v) if finite and not all_finite else v, None, narrow)]
-                for v in values]
+        return [[RowTerm(1.0, zero_nonfinite(v) if finite and not all_finite else v, None, narrow,
+                         known=known if finite else None)] for v in values]
 
     special = None if all_finite else terms(False)
     acc = accumulation_format(model, pfmt)

@@ -302,3 +302,21 @@ def test_round_certified_decides_each_precisions_list_at_once_with_decide_all():
     for k in indices:
         assert bits_equal(got[k][0], round_fraction(Fraction(k, 3), "float32")), k
         assert Fraction(got[k][1]) <= Fraction(k, 3) <= Fraction(got[k][2]), k
+
+
+@pytest.mark.parametrize("T", [64 * 1000, 64 * 1000 + 5, (1 << 22) + 64 * 3])
+def test_long_sums_copies_into_out_as_it_reads_and_gives_the_same_enclosure(T):
+    # The first level writes each bunch it reads into out; a length with a partial group is copied
+    # apart; a row longer than a block (_SUM_BLOCK = 2**22) goes block by block.
+    from exactref.engine.fast import long_sums
+    x = np.random.default_rng(T).standard_normal(T).astype(np.float32)
+    x[::997] *= np.float32(2.0 ** 60)  # wide exponents: the enclosure is not trivially exact
+    out = np.full_like(x, np.nan)
+    plain, fused = long_sums(x, True), long_sums(x, True, out=out)
+    assert np.array_equal(out, x)
+    for name in ("hi", "lo", "rad", "S"):
+        assert np.array_equal(getattr(plain, name), getattr(fused, name)), name
+    rows = np.stack([x[:T // 2], x[T // 2:2 * (T // 2)]])
+    out2 = np.empty_like(rows)
+    long_sums(rows, True, out=out2)
+    assert np.array_equal(out2, rows)

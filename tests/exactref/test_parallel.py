@@ -330,3 +330,28 @@ def test_a_blocked_finiteness_check_finds_one_bad_value(wide, where, bad):
     x[where] = bad
     assert not _all_finite(x)
     assert er.sum(x).rounded != er.sum(np.ones_like(x)).rounded
+
+
+@pytest.mark.parametrize("where", [0, 64 * 4096 - 1, -1])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_sum_enclosed_as_it_is_copied_finds_one_bad_value(where, bad):
+    # A full float32 sum of whole groups of 64 values takes its enclosure from the op's own copy;
+    # its sums of |x| tell whether every value is finite.
+    x = np.ones(64 * 8192, dtype=np.float32)
+    assert er.sum(x).rounded == x.size
+    x[where] = bad
+    res = er.sum(x)
+    assert np.isnan(res.rounded) if np.isnan(bad) else res.rounded == bad
+    if np.isinf(bad):
+        x[3] = -bad  # inf + -inf
+        assert np.isnan(er.sum(x).rounded)
+
+
+def test_a_sum_enclosed_as_it_is_copied_keeps_its_own_copy():
+    from exactref._convert import operand
+    x = np.arange(64 * 2048, dtype=np.float32)
+    o = operand(x, "x", copy=False)
+    assert np.shares_memory(o.array, x) and not o.owned
+    res = er.sum(x)
+    x[:] = 0
+    assert res.exact(()) == sum(range(64 * 2048)) and res.rounded == np.float32(sum(range(64 * 2048)))
