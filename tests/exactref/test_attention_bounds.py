@@ -194,3 +194,28 @@ def test_first_pass_weights_bound_the_exact_softmax_beside_a_huge_logit(seed, bl
     rows = fp.P[0, :, huge] == 0
     assert rows.any()
     assert (fp.e_P[0][rows] <= 1e-13 * fp.P[0][rows] + 1e-290).all()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_weights_recomputed_from_a_stored_logsumexp_stay_under_the_kernel_weight_bound(seed):
+    # A fused backward recomputes each weight as exp(x~_ij - lse~_i) from the logsumexp its forward
+    # stored.  With the forward's logits low by their whole error bound delta and the backward's high
+    # by it, a dominant weight is about e^(delta_ij + max_k delta_ik): above 1, and above what the
+    # bound would allow without the row's largest delta (_caps._kernel_weights).
+    from exactref.ops.attention._caps import _kernel_weights
+    from exactref.ops.attention._first import FirstPass
+    from exactref.ops.attention._model import AttentionTolerance, _weights
+    from exactref.ops.attention._problem import read_problem
+    q, k, v, _ = _large_logits(seed)
+    fp = FirstPass(read_problem(q, k, v, None, 0.0, False, None, False, "top_left"))
+    wts = _weights(fp, AttentionTolerance("stored lse"), FLOAT32)
+    # float32 values: the products, their 4-term sums and the scale 1/2 are exact in float64.
+    x = (q.double() @ k.double().transpose(-2, -1)).numpy()[0] * 0.5
+    delta = wts.delta[0]
+    low = x - delta
+    top = low.max(axis=-1, keepdims=True)
+    lse = top + np.log(np.exp(low - top).sum(axis=-1, keepdims=True))
+    kernel = np.exp(x + delta - lse)
+    bound = _kernel_weights(fp.unmasked[0], delta, wts.r[0], wts.rho[0], fp.P_up[0], wts.F)
+    assert (kernel <= bound).all()
+    assert kernel.max() > 1.05  # the stored logsumexp's error matters here
