@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._parallel import copy_array, copy_checked
+from ._parallel import copy_array
 from .formats import (
     FLOAT8_FORMATS,
     FLOAT32,
@@ -186,13 +186,11 @@ def asarray(obj: Any, dtype: Any = None, *, saturation: str | None = None) -> np
     if dtype is None and saturation is not None:
         raise ValueError(f"saturation={saturation!r} needs a dtype to round to, such as dtype='float8_e4m3fn'")
     check_readable(obj, "obj")
-    return _read_array(obj, fmt)[0]
+    return _read_array(obj, fmt)
 
 
-def _read_array(obj: Any, fmt: Format | ComplexFormat | None, check_finite: bool = False,
-                copy: bool = True) -> tuple[np.ndarray, bool | None]:
-    """:func:`asarray` of an ``obj`` that :func:`check_readable` has passed (its format inferred if None),
-    and, with ``check_finite``, whether every value is finite where the copy could tell it (else None).
+def _read_array(obj: Any, fmt: Format | ComplexFormat | None, copy: bool = True) -> np.ndarray:
+    """:func:`asarray` of an ``obj`` that :func:`check_readable` has passed (its format inferred if None).
     Without ``copy``, an array already in its format's dtype comes back as it is, obj's own memory."""
     try:
         # Not a copy of a tensor's memory: convert() makes the one copy (or a converted array).
@@ -204,10 +202,8 @@ def _read_array(obj: Any, fmt: Format | ComplexFormat | None, check_finite: bool
     if fmt is None:
         fmt = _infer_format(arr, obj)
     if not copy and arr.dtype == fmt.dtype:
-        return arr, None
-    if check_finite and arr.dtype == fmt.dtype and arr.dtype in (np.float32, np.float64):
-        return copy_checked(arr, finite_values)
-    return convert(arr, fmt), None
+        return arr
+    return convert(arr, fmt)
 
 
 def finite_values(x: np.ndarray) -> bool:
@@ -300,7 +296,7 @@ class Operand:
     fmt: Format | ComplexFormat
     tier: int  # 2: has dimensions, 1: zero-dimensional array, 0: Python scalar
     scalar: float | complex | None = None
-    finite: bool | None = None  # every value finite, where operand(check_finite=True) could tell
+    finite: bool | None = None  # every value finite, where the op's copy of it could tell (sum's)
     owned: bool = True  # False: the caller's memory (operand(copy=False)), to be copied before it is kept
 
     @property
@@ -323,15 +319,13 @@ def _too_large(obj: numbers.Integral, name: str) -> None:
     raise ValueError(f"{name}={short} is an integer too large to be a float64 exactly")
 
 
-def operand(obj: Any, name: str, *, float8: bool = False, check_finite: bool = False,
-            copy: bool = True) -> Operand:
+def operand(obj: Any, name: str, *, float8: bool = False, copy: bool = True) -> Operand:
     """Read argument ``name``: a Python number becomes a scalar operand, anything else an array.
 
     float8 arrays are refused unless ``float8``: PyTorch computes no op on them but matmul and _scaled_mm.
-    With ``check_finite``, the copy of a float32 or float64 array also finds whether every value is
-    finite (:attr:`Operand.finite`), each block while it is in cache: no second pass over memory.
     Without ``copy``, an array already in its format's dtype is obj's own memory (``owned`` False),
-    for an op that copies it on its own first pass; it must not be kept.
+    for an op that copies it on its own first pass (and learns there whether every value is
+    finite, :attr:`Operand.finite`); it must not be kept.
     """
     if isinstance(obj, bool):
         raise TypeError(f"{name}={obj!r} is a bool; pass a float")
@@ -343,7 +337,7 @@ def operand(obj: Any, name: str, *, float8: bool = False, check_finite: bool = F
         return Operand(name, np.asarray(value), fmt, 0, value)
     check_readable(obj, name)
     try:
-        arr, finite = _read_array(obj, None, check_finite, copy)  # asarray(obj), without checking obj again
+        arr = _read_array(obj, None, copy)  # asarray(obj), without checking obj a second time
     except _IntegerValues as exc:
         raise TypeError(f"{name}: obj holds {exc.dtype} values, which no supported format is; convert it "
                         f"first with er.asarray({name}, 'float32') (or another float format)") from None
@@ -354,7 +348,7 @@ def operand(obj: Any, name: str, *, float8: bool = False, check_finite: bool = F
         raise TypeError(f"{name} has dtype {fmt.name}, which only er.matmul and er.scaled_matmul take (PyTorch has "
                         f"no other float8 op); convert it first with er.asarray({name}, 'bfloat16'), exactly")
     # (Without copy, a converted array is the op's own too; taking it for obj's costs one copy.)
-    return Operand(name, arr, fmt, 2 if arr.ndim else 1, finite=finite, owned=copy)
+    return Operand(name, arr, fmt, 2 if arr.ndim else 1, owned=copy)
 
 
 def _promote_pair(a: Format | ComplexFormat, b: Format | ComplexFormat) -> Format | ComplexFormat:

@@ -79,9 +79,8 @@ def _all_finite(x: np.ndarray) -> bool:
 _FINITE_BLOCK = 1 << 20
 
 
-def _reduce(x: Any, axis: Any, keepdims: bool, check_finite: bool = False, copy: bool = True) -> tuple:
-    # Whether every value is finite can come with the op's copy of x, at no pass of its own.
-    o = operand(x, "x", check_finite=check_finite, copy=copy)
+def _reduce(x: Any, axis: Any, keepdims: bool, copy: bool = True) -> tuple:
+    o = operand(x, "x", copy=copy)  # without copy, sum's _own makes the copy
     if o.tier == 0:
         raise TypeError(f"sum: x={x!r} must be an array, not a Python scalar")
     if not isinstance(keepdims, (bool, np.bool_)):
@@ -115,6 +114,7 @@ def _own(o: Operand, axes: tuple[int, ...]) -> tuple[Operand, Enclosure | None]:
         finite = bool(np.isfinite(enc.S))
         return replace(o, array=mine, finite=finite, owned=True), enc if finite else None
     if arr.dtype in (np.float32, np.float64):
+        # Whether every value is finite comes with the copy, each block checked while in cache.
         mine, finite = copy_checked(arr, finite_values)
     else:
         mine, finite = copy_array(arr), None
@@ -135,7 +135,7 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     if tensor_core_of(model.order) is not None:
         raise ValueError(f"sum: model={model} has a tensor-core order, which only matmul, gemm and scaled_matmul "
                          "accumulate with; use 'any', 'sequential', 'pairwise' or Blocked(...) with a plain inner order")
-    o, axes, keep, out_shape = _reduce(x, axis, keepdims, check_finite=True, copy=False)
+    o, axes, keep, out_shape = _reduce(x, axis, keepdims, copy=False)
     out_size = int(np.prod(out_shape, dtype=np.int64))
     # The result's arrays, a float64 (or transposed) copy of x at most, and the engine's blocks.
     check_bytes("sum", out_size * _RESULT_BYTES + o.array.size * 16 + _BLOCK_BYTES, "x")

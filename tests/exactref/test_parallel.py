@@ -295,13 +295,14 @@ def test_the_checked_copy_finds_one_bad_value_in_any_block(wide, where, bad):
 
 
 @pytest.mark.parametrize(("dtype", "known"), [("float32", True), ("float64", True), ("float16", False)])
-def test_an_operand_read_with_check_finite_knows_whether_it_is_finite(wide, dtype, known):
+def test_sum_s_own_copy_knows_whether_every_value_is_finite(wide, dtype, known):
     from exactref._convert import operand
+    from exactref.ops.reduction import _own
     x = er.asarray(np.arange(6.0).reshape(2, 3), dtype)
-    assert operand(x, "x", check_finite=True).finite is (True if known else None)
+    assert _own(operand(x, "x", copy=False), (0, 1))[0].finite is (True if known else None)
     x[1, 2] = np.inf
-    o = operand(x, "x", check_finite=True)
-    assert o.finite is (False if known else None)
+    o = _own(operand(x, "x", copy=False), (0, 1))[0]
+    assert o.finite is (False if known else None) and o.owned
     x[1, 2] = 0.0  # the operand holds its own copy
     assert o.array[1, 2] == np.inf
     assert operand(x, "x").finite is None  # not asked
@@ -309,11 +310,12 @@ def test_an_operand_read_with_check_finite_knows_whether_it_is_finite(wide, dtyp
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_tensor_read_without_a_copy_of_its_own_is_still_copied_once(dtype):
-    # The tensor's memory is read as a view; the operand's array is the op's one copy of it.
+    # The tensor's memory is read as a view; sum's operand array is the op's one copy of it.
     torch = pytest.importorskip("torch")
     from exactref._convert import operand
+    from exactref.ops.reduction import _own
     t = torch.arange(6.0).reshape(2, 3).to(getattr(torch, dtype))
-    o = operand(t, "x", check_finite=True)
+    o = _own(operand(t, "x", copy=False), (0, 1))[0]
     t[1, 2] = 100.0
     assert float(o.array[1, 2]) == 5.0 and o.finite is (True if dtype == "float32" else None)
     res = er.sum(t)  # 0 + 1 + 2 + 3 + 4 + 100
