@@ -297,7 +297,6 @@ class Operand:
     tier: int  # 2: has dimensions, 1: zero-dimensional array, 0: Python scalar
     scalar: float | complex | None = None
     finite: bool | None = None  # every value finite, where the op's copy of it could tell (sum's)
-    owned: bool = True  # False: the caller's memory (operand(copy=False)), to be copied before it is kept
 
     @property
     def is_python_scalar(self) -> bool:
@@ -323,9 +322,9 @@ def operand(obj: Any, name: str, *, float8: bool = False, copy: bool = True) -> 
     """Read argument ``name``: a Python number becomes a scalar operand, anything else an array.
 
     float8 arrays are refused unless ``float8``: PyTorch computes no op on them but matmul and _scaled_mm.
-    Without ``copy``, an array already in its format's dtype is obj's own memory (``owned`` False),
-    for an op that copies it on its own first pass (and learns there whether every value is
-    finite, :attr:`Operand.finite`); it must not be kept.
+    Without ``copy``, an array already in its format's dtype is obj's own memory, for an op that
+    copies it on its own first pass (and learns there whether every value is finite,
+    :attr:`Operand.finite`); it must not be kept.
     """
     if isinstance(obj, bool):
         raise TypeError(f"{name}={obj!r} is a bool; pass a float")
@@ -347,8 +346,7 @@ def operand(obj: Any, name: str, *, float8: bool = False, copy: bool = True) -> 
     if fmt.name in FLOAT8_FORMATS and not float8:
         raise TypeError(f"{name} has dtype {fmt.name}, which only er.matmul and er.scaled_matmul take (PyTorch has "
                         f"no other float8 op); convert it first with er.asarray({name}, 'bfloat16'), exactly")
-    # (Without copy, a converted array is the op's own too; taking it for obj's costs one copy.)
-    return Operand(name, arr, fmt, 2 if arr.ndim else 1, owned=copy)
+    return Operand(name, arr, fmt, 2 if arr.ndim else 1)
 
 
 def _promote_pair(a: Format | ComplexFormat, b: Format | ComplexFormat) -> Format | ComplexFormat:

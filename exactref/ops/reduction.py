@@ -97,28 +97,27 @@ _FUSED_SIZE = 1 << 16
 
 
 def _own(o: Operand, axes: tuple[int, ...]) -> tuple[Operand, Enclosure | None]:
-    """The op's own copy of x (which the Result keeps, for exact values on demand), and, for a long
-    full sum of float32 values, the enclosure of that sum, computed as the copy is made.
+    """The op's own copy of x, read by operand(copy=False) (the Result keeps it, for exact values
+    on demand), and, for a long full sum of float32 values, the enclosure of that sum, computed as
+    the copy is made.
 
     The sums of |x| there are float64 sums of float32 values, which cannot overflow: they are inf
     or NaN exactly where a value is, so they tell whether every value is finite.  RowTerm.enclose
     would compute the same enclosure from the copy (fast.long_sums, on the same values in the same
     layout); a sum with a non-finite value is computed as before, without it.
     """
-    if o.owned:
-        return o, None
     arr = o.array
     if arr.dtype == np.float32 and len(axes) == arr.ndim and arr.flags.c_contiguous and arr.size >= _FUSED_SIZE:
         mine = np.empty_like(arr)
         enc = long_sums(arr.reshape(-1), True, out=mine.reshape(-1))
         finite = bool(np.isfinite(enc.S))
-        return replace(o, array=mine, finite=finite, owned=True), enc if finite else None
+        return replace(o, array=mine, finite=finite), enc if finite else None
     if arr.dtype in (np.float32, np.float64):
         # Whether every value is finite comes with the copy, each block checked while in cache.
         mine, finite = copy_checked(arr, finite_values)
     else:
         mine, finite = copy_array(arr), None
-    return replace(o, array=mine, finite=finite, owned=True), None
+    return replace(o, array=mine, finite=finite), None
 
 
 def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = False,  # noqa: A001
