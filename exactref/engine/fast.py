@@ -267,6 +267,7 @@ def extract_sum(P: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # Terms per block of a long sum (temporaries of 16 to 32 MiB), and terms per partial sum.
 _SUM_BLOCK = 1 << 22
 _SUM_WIDTH = 64
+_COPY_FIRST_MAX = 1 << 25  # see long_sums
 
 
 def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enclosure:
@@ -275,15 +276,22 @@ def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enc
     ``narrow`` values (at most 26 significant bits) are added in float64 in
     groups of 64, the group sums again in groups of 64, and so on: each
     level errs by at most gamma_63 of its absolute sum, whatever order numpy
-    adds in, so L levels err by about L gamma_63 S (10**-14 S for 10**8
+    or the BLAS (:func:`_first_level`) adds in, so L levels err by about L gamma_63 S (10**-14 S for 10**8
     terms).  Other values (float64) are first split exactly,
     ``x = q1 + q2 + r`` (Ozaki's extraction, see :func:`_slices`), so that
     the q sum exactly and only the small r err.  X is read
     in blocks of rows (or of one row), so no float64 copy of it is made.
     ``out``, an array of X's shape and dtype, receives a copy of X, each part
-    written while it is read for the sums (no pass over memory of its own).
+    written while it is read for the sums (no pass over memory of its own),
+    or, for some sizes, first (where that was measured to be the faster).
     """
     lead, T = X.shape[:-1], X.shape[-1]
+    if out is not None and _SUM_BLOCK < X.size <= _COPY_FIRST_MAX:
+        # Measured here (2 cores, medians of 25 interleaved runs): a fresh out written block by
+        # block from two threads cost 19 ms at 10**7 float32 values and 52 ms at 3 * 10**7, a copy
+        # first 12 and 40; at 4 * 10**6 (one block) and 10**8 writing as it reads was the faster.
+        np.copyto(out, X)
+        X, out = out, None
     rows = X.reshape(-1, T)
     dst = None if out is None else out.reshape(-1, T)  # (a view: out is C-contiguous, as X)
     hi, lo, rad, S = (np.empty(rows.shape[0]) for _ in range(4))
@@ -326,7 +334,7 @@ def _sum_block(block: np.ndarray, narrow: bool, out: np.ndarray | None = None
     ``out`` (of the block's shape) receives a copy of it."""
     T = block.shape[1]
     g = gamma(_SUM_WIDTH - 1, U64)
-    if out is not None and not (narrow and T >= _FUSED_MIN and T % _SUM_WIDTH == 0):
+    if out is not None and not (narrow and T >= _FUSED_MIN):
         np.copyto(out, block)  # (only _first_level copies as it reads)
         out = None
     if narrow and T >= _FUSED_MIN:
@@ -361,51 +369,53 @@ def _sum_block(block: np.ndarray, narrow: bool, out: np.ndarray | None = None
     return hi, lo, np.where(lowest > -4096, rad, np.inf), S
 
 
-# Blocks at least this long take _first_level; its passes cover about this many float64 values.
+# Blocks at least this long take _first_level; each of its bunches covers about this many
+# float64 values (1 MiB, which stays in cache).
 _FUSED_MIN = 1 << 12
 _FUSED_CHUNK = 1 << 17
-_FUSED_PARALLEL = 1 << 21
+_FUSED_PARALLEL = 1 << 19
+_ONES = np.ones(_SUM_WIDTH)
 
 
 def _first_level(block: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The first level of ``_grouped_sum(block)`` and of ``_grouped_sum(np.abs(block))``, the same
-    values, in one pass over the block without a temporary of its size.  ``out`` (of the block's
-    shape, which then has whole groups: no padding) receives a copy of the block, each bunch
-    written from the cache right after it is read.
+    """The first level of the sums of a 2-D block and of its absolute values: float64 sums of
+    groups of _SUM_WIDTH values, in one pass over the block without a temporary of its size.
+    ``out`` (of the block's shape) receives a copy of the block, each bunch written right after
+    it is read.
 
-    numpy adds the groups of a (rows, 64, m) array over its middle axis one after the other
-    (for m >= 2), whatever the dtype it casts from: cache-sized bunches of whole columns
-    (at least 2, widened to float64 first) are added the same way.
+    The block's rows are cut into bunches of ``_SUM_WIDTH * w`` values (the last one padded
+    with zeros); a bunch, widened to float64 and viewed as a (_SUM_WIDTH, w) matrix, is added
+    over its columns by a BLAS product with a vector of ones.  Each column is a group: its
+    terms are exact products 1 * x, added in float64 in whatever order the BLAS takes, so its
+    sum errs by at most gamma_63 of its absolute sum, the bound of every level (_sum_block).
+    BLAS products release the GIL, so the bunches run side by side (numpy's reductions do not
+    share out across threads here).
     """
     rows, T = block.shape
-    pad = (-T) % _SUM_WIDTH
-    cur = np.concatenate([block, np.zeros((rows, pad), dtype=block.dtype)], axis=1) if pad else block
-    m = cur.shape[1] // _SUM_WIDTH
-    view = cur.reshape(rows, _SUM_WIDTH, m)
-    dst = None if out is None else out.reshape(rows, _SUM_WIDTH, m)
-    step = max(2, _FUSED_CHUNK // (_SUM_WIDTH * rows))
-    starts = list(range(0, m, step))
-    if len(starts) > 1 and m - starts[-1] < 2:
-        starts.pop()  # no bunch of one column (numpy would add it pairwise): the last one takes it
-    ends = starts[1:] + [m]
-    widest = max(e - b for b, e in zip(starts, ends))
+    w = max(1, _FUSED_CHUNK // (_SUM_WIDTH * rows))
+    C = _SUM_WIDTH * w
+    m = -(-T // _SUM_WIDTH)
     bufs: dict[int, np.ndarray] = {}  # one buffer per thread (exactref/_parallel.py)
     first, first_abs = np.empty((rows, m)), np.empty((rows, m))
 
     def bunch(i: int) -> None:
-        j0, j1 = starts[i], ends[i]
+        j0, j1 = i * C, min(T, (i + 1) * C)
+        cols = -(-(j1 - j0) // _SUM_WIDTH)
         buf = bufs.get(threading.get_ident())
         if buf is None:
-            buf = bufs[threading.get_ident()] = np.empty((rows, _SUM_WIDTH, widest))
-        part = buf[:, :, :j1 - j0]
-        np.copyto(part, view[:, :, j0:j1])
-        if dst is not None:
-            np.copyto(dst[:, :, j0:j1], view[:, :, j0:j1])
-        np.add.reduce(part, axis=1, out=first[:, j0:j1])
-        np.abs(part, out=part)
-        np.add.reduce(part, axis=1, out=first_abs[:, j0:j1])
+            buf = bufs[threading.get_ident()] = np.empty(rows * C)
+        part = buf[:rows * _SUM_WIDTH * cols].reshape(rows, _SUM_WIDTH * cols)
+        if out is not None:
+            np.copyto(out[:, j0:j1], block[:, j0:j1])
+        np.copyto(part[:, :j1 - j0], block[:, j0:j1])
+        part[:, j1 - j0:] = 0.0  # (the last bunch's padding)
+        groups = part.reshape(rows, _SUM_WIDTH, cols)
+        k = slice(j0 // _SUM_WIDTH, j0 // _SUM_WIDTH + cols)
+        np.matmul(_ONES, groups, out=first[:, k])
+        np.abs(groups, out=groups)
+        np.matmul(_ONES, groups, out=first_abs[:, k])
     # Side by side only for a block long enough to pay for waking the helpers (about 0.1 ms).
-    (for_each if block.size >= _FUSED_PARALLEL else serially)(bunch, len(starts))
+    (for_each if block.size >= _FUSED_PARALLEL else serially)(bunch, -(-T // C))
     return first, first_abs
 
 

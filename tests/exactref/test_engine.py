@@ -304,11 +304,18 @@ def test_round_certified_decides_each_precisions_list_at_once_with_decide_all():
         assert Fraction(got[k][1]) <= Fraction(k, 3) <= Fraction(got[k][2]), k
 
 
-@pytest.mark.parametrize("T", [64 * 1000, 64 * 1000 + 5, (1 << 22) + 64 * 3])
-def test_long_sums_copies_into_out_as_it_reads_and_gives_the_same_enclosure(T):
-    # The first level writes each bunch it reads into out; a length with a partial group is copied
-    # apart; a row longer than a block (_SUM_BLOCK = 2**22) goes block by block.
+@pytest.mark.parametrize(("T", "copy_first"), [(64 * 1000, False), (64 * 1000 + 5, False),
+                                               ((1 << 22) + 64 * 3, False), ((1 << 22) + 64 * 3, True)])
+def test_long_sums_copies_into_out_as_it_reads_and_gives_the_same_enclosure(T, copy_first, monkeypatch):
+    # The first level writes each bunch it reads into out, a partial group included; a row
+    # longer than a block (_SUM_BLOCK = 2**22) goes block by block, and at such sizes up to
+    # _COPY_FIRST_MAX is copied first (both ways here).
+    from exactref.engine import fast
     from exactref.engine.fast import long_sums
+    if copy_first:
+        assert fast._SUM_BLOCK < T <= fast._COPY_FIRST_MAX  # the case is the one named
+    else:
+        monkeypatch.setattr(fast, "_COPY_FIRST_MAX", 0)
     x = np.random.default_rng(T).standard_normal(T).astype(np.float32)
     x[::997] *= np.float32(2.0 ** 60)  # wide exponents: the enclosure is not trivially exact
     out = np.full_like(x, np.nan)

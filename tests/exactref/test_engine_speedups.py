@@ -7,12 +7,13 @@
   nextafter definition, bit for bit, on enclosures at and around every
   threshold (half gaps, gaps, powers of two, the edges of the common range);
 * fast._first_level (the fused first level of a long float32 sum) against the
-  groups of 64 added one after the other in float64, written out here.
+  exact sums of its groups of 64, written out here, within gamma_63.
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -100,18 +101,31 @@ def test_decide_float64_matches_its_definition(kind: int) -> None:
 
 
 @pytest.mark.parametrize(("rows", "T"), [(1, 4096), (1, 4097), (1, 300_001), (3, 70_000), (40, 5000)])
-def test_first_level_adds_the_groups_in_order(rows: int, T: int) -> None:
+def test_first_level_sums_each_group_within_gamma_63(rows: int, T: int) -> None:
+    # The groups, written out here: each row cut into bunches of 64 w values (the last padded with
+    # zeros), a bunch read as a (64, w) matrix whose columns are the groups.
     rng = np.random.default_rng(T)
     x = (rng.standard_normal((rows, T)) * np.ldexp(1.0, rng.integers(-60, 60, (rows, T)))).astype(np.float32)
     x[:, ::5] = -x[:, ::5]
     first, first_abs = fast._first_level(x)
-    m = -(-T // 64)
-    padded = np.zeros((rows, 64 * m))
-    padded[:, :T] = x
-    groups = padded.reshape(rows, 64, m)
-    want, want_abs = groups[:, 0].copy(), np.abs(groups[:, 0])
-    for g in range(1, 64):  # float64, one group after the other
-        want += groups[:, g]
-        want_abs += np.abs(groups[:, g])
-    assert np.array_equal(_bits(first), _bits(want))
-    assert np.array_equal(_bits(first_abs), _bits(want_abs))
+    w = max(1, fast._FUSED_CHUNK // (64 * rows))
+    groups = []
+    for j0 in range(0, T, 64 * w):
+        part = x[:, j0:j0 + 64 * w]
+        cols = -(-part.shape[1] // 64)
+        padded = np.zeros((rows, 64 * cols))
+        padded[:, :part.shape[1]] = part
+        groups.append(padded.reshape(rows, 64, cols))
+    picks = sorted({0, 1, first.shape[1] - 1, *rng.integers(0, first.shape[1], 40).tolist()})
+    gamma = 63 * 2.0 ** -53 / (1 - 63 * 2.0 ** -53)
+    g_abs = np.concatenate([np.abs(g) for g in groups], axis=2)
+    g_all = np.concatenate(groups, axis=2)
+    assert first.shape == (rows, g_all.shape[2])
+    for r in range(rows):
+        for k in picks:
+            terms = [Fraction(float(v)) for v in g_all[r, :, k]]
+            exact, absolute = sum(terms, Fraction(0)), sum(map(abs, terms), Fraction(0))
+            bound = Fraction(gamma) * absolute
+            assert abs(Fraction(float(first[r, k])) - exact) <= bound, (r, k)
+            assert abs(Fraction(float(first_abs[r, k])) - absolute) <= bound, (r, k)
+            assert absolute > 0
