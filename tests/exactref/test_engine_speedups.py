@@ -118,7 +118,6 @@ def test_first_level_sums_each_group_within_gamma_63(rows: int, T: int) -> None:
         groups.append(padded.reshape(rows, 64, cols))
     picks = sorted({0, 1, first.shape[1] - 1, *rng.integers(0, first.shape[1], 40).tolist()})
     gamma = 63 * 2.0 ** -53 / (1 - 63 * 2.0 ** -53)
-    g_abs = np.concatenate([np.abs(g) for g in groups], axis=2)
     g_all = np.concatenate(groups, axis=2)
     assert first.shape == (rows, g_all.shape[2])
     for r in range(rows):
