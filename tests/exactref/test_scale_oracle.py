@@ -187,11 +187,13 @@ SUM_PLANTED = [
 ]
 
 
-@pytest.mark.parametrize("dtype, n", [("float32", (1 << 19) + 6), ("float64", (1 << 21) + 1030)])
+@pytest.mark.parametrize("dtype, n", [("float32", (1 << 19) + 6), ("float32", (1 << 22) + 4102),
+                                      ("float64", (1 << 21) + 1030)])
 @pytest.mark.parametrize("case", range(len(SUM_PLANTED)), ids=[c[0] for c in SUM_PLANTED])
 def test_long_sum_against_integers_with_planted_hard_cases(dtype, n, case):
-    # The float32 rows are gathered whole for the tree sum and math.fsum; the float64 ones are too
-    # long to gather at once, and the exact fallback sums them a block of terms at a time.
+    # The float32 rows are gathered whole for the tree sum and math.fsum, the longer one past a
+    # block of the first pass (fast._SUM_BLOCK), copied before it is summed; the float64 ones are
+    # too long to gather at once, and the exact fallback sums them a block of terms at a time.
     what, planted, expected = SUM_PLANTED[case]
     rng = np.random.default_rng(case)
     u = 2.0 ** -23 if dtype == "float32" else 2.0 ** -52
