@@ -276,8 +276,8 @@ def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enc
     ``narrow`` values (at most 26 significant bits) are added in float64 in
     groups of 64, the group sums again in groups of 64, and so on: each
     level errs by at most gamma_63 of its absolute sum, whatever order numpy
-    or the BLAS (:func:`_first_level`) adds in, so L levels err by about L gamma_63 S (10**-14 S for 10**8
-    terms).  Other values (float64) are first split exactly,
+    or the BLAS (:func:`_first_level`) adds in, so L levels err by about
+    L gamma_63 S (10**-14 S for 10**8 terms).  Other values (float64) are first split exactly,
     ``x = q1 + q2 + r`` (Ozaki's extraction, see :func:`_slices`), so that
     the q sum exactly and only the small r err.  X is read
     in blocks of rows (or of one row), so no float64 copy of it is made.
@@ -375,6 +375,7 @@ _FUSED_MIN = 1 << 12
 _FUSED_CHUNK = 1 << 17
 _FUSED_PARALLEL = 1 << 19
 _ONES = np.ones(_SUM_WIDTH)
+_ONES.flags.writeable = False  # (shared by every thread's products)
 
 
 def _first_level(block: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
