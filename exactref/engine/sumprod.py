@@ -33,7 +33,7 @@ from ..rounding import (
     round_dyadic_down_up,
     round_float64,
 )
-from . import fast
+from . import fast, products
 from .exact import exact_dot_rows, round_rows
 
 __all__ = ["MatmulTerm", "RowTerm", "Solution", "exact_values", "solve", "specials"]
@@ -53,7 +53,7 @@ class MatmulTerm:
     B: np.ndarray
     narrow: bool = True  # every value has at most 26 significant bits
     # B prepared once (|B|, its slices) and shared by the blocks of rows of A.
-    right: fast.Right | None = field(default=None, repr=False, compare=False)
+    right: products.Right | None = field(default=None, repr=False, compare=False)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -67,7 +67,7 @@ class MatmulTerm:
     def prepare(self) -> None:
         """Prepare B, once for all the blocks of rows."""
         if self.right is None:
-            self.right = fast.Right(self.B, narrow=self.narrow, pieces=True)
+            self.right = products.Right(self.B, narrow=self.narrow, pieces=True)
 
     def enclose(self, shape: tuple[int, ...]) -> fast.Enclosure:
         self.prepare()

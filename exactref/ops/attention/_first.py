@@ -30,7 +30,8 @@ import mpmath
 import numpy as np
 
 from ..._parallel import for_each, for_each_slice
-from ...engine.fast import gamma, matmul_sliced, two_prod, two_sum, up
+from ...engine.fast import gamma, two_prod, two_sum, up
+from ...engine.products import matmul_sliced
 from ._problem import Problem
 
 __all__ = ["FirstPass"]

@@ -1,0 +1,275 @@
+"""Enclosures of matrix products ``A @ B``, in the form of :mod:`exactref.engine.fast`.
+
+* :func:`matmul_narrow`: inputs with at most 26 significant bits (float32 and
+  narrower), whose products are exact in float64: one BLAS product for ``hi``
+  and one of the absolute values for the bound.
+* :func:`matmul_sliced`: float64 inputs, by error-free slicing (Ozaki's
+  scheme).  Each row of A and column of B is cut into slices whose leading
+  products sum exactly in float64, so four to six BLAS products give the
+  result to about three times float64's precision.
+* :class:`Right`: the right operand of both, prepared once, for products
+  with many blocks of rows of A (bounded memory).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from .._parallel import for_each_slice
+from .fast import U64, Enclosure, _slices, _two_sum_into, _up_into, gamma, up
+
+__all__ = ["Right", "matmul_narrow", "matmul_sliced"]
+
+
+def matmul_narrow(A: np.ndarray, B: np.ndarray) -> Enclosure:
+    """``A @ B`` for inputs whose products are exact in float64 (float32 and narrower)."""
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        return Right(B, narrow=True).times(A)
+
+
+def matmul_sliced(A: np.ndarray, B: np.ndarray) -> Enclosure:
+    """``A @ B`` for float64 inputs, to about three times float64's precision, by error-free slicing.
+
+    A large product is computed in blocks of rows of A, side by side (exactref/_parallel.py);
+    the blocks do not depend on the number of threads, so neither do the results.
+    """
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        right = Right(B, narrow=False)
+        shape = right.out_shape(A)
+        M = shape[-2]
+        step = max(1, _ROWS_BLOCK // max(math.prod(shape) // max(M, 1), 1))
+        if step >= M:
+            return right.times(A)
+        hi, lo, rad, S = (np.empty(shape) for _ in range(4))
+
+        def block(rows: slice) -> None:
+            enc = right.times(A[..., rows, :])
+            cut = (Ellipsis, rows, slice(None))
+            hi[cut], lo[cut], rad[cut], S[cut] = enc.hi, enc.lo, enc.rad, enc.S
+        for_each_slice(block, M, step)
+        return Enclosure(hi, lo, rad, S)
+
+
+# Output elements per block of matmul_sliced: its float64 temporaries stay near 2 MiB each.
+_ROWS_BLOCK = 1 << 18
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _abs_product_bound(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """An upper bound on ``|A| @ |B|`` (see :meth:`Right.abs_bound`)."""
+    return Right(B, narrow=True).abs_bound(A)
+
+
+def _in_float32_range(v: np.ndarray) -> bool:
+    """Whether every nonzero |v| lies in [2**-60, 2**60], so float32 products neither under- nor overflow."""
+    if v.size == 0:
+        return True
+    if np.maximum.reduce(v, axis=None) > 2.0 ** 60:
+        return False
+    # Usually no value is zero and the smallest of all is the answer: one cheap reduction
+    # (a small op makes this check twice per product).  A NaN fails it too and is left to
+    # the masked reduction below, as is a zero.
+    if np.minimum.reduce(v, axis=None) >= 2.0 ** -60:
+        return True
+    # The smallest nonzero value, without copying the nonzero ones out.
+    return bool(np.min(v, initial=np.inf, where=v != 0) >= 2.0 ** -60)
+
+
+def _slice_exponent(K: int) -> int:
+    # Slices of beta bits: K products of two slices sum below 2**53 units.
+    return max(1, (53 - max(K - 1, 1).bit_length()) // 2)
+
+
+# Values of B per block of its columns prepared at a time (1 MiB of float64).
+_PREPARE_BLOCK = 1 << 17
+
+
+class Right:
+    """The right operand B of ``A @ B``, prepared once for products with many blocks of rows of A.
+
+    For the bound S on ``|A| @ |B|`` it keeps ``|B|``, in float32 where that
+    is safe.  For float64 inputs (``narrow`` False) it also keeps B's slices:
+    each row of A and column of B is cut into two slices of beta bits and a
+    remainder, ``A = A0 + A1 + RA`` and likewise B.  The products of two
+    slices, ``A0 B0``, ``A0 B1``, ``A1 B0`` and ``A1 B1``, are exact in
+    float64 (Ozaki's error-free slicing); the rest,
+
+        A @ B - (A0 + A1)(B0 + B1) = (A0 + A1) RB + RA B,
+
+    about 2**(-2 beta) of the result, is two plain float64 products whose
+    rounding errors (at most gamma_K of their absolute terms) are bounded by
+    rank-one bounds.  Six BLAS products in all leave undecided only the
+    float64 roundings within about 2**-75 (relative) of a rounding boundary.
+    Where a row of A and a column of B have no remainder (values of at most
+    2 beta significant bits, such as float32 values widened), the element is
+    exactly the sum of the four exact slice products, which the enclosure
+    keeps as its ``pieces`` if ``pieces`` is True; a remainder that is zero
+    altogether is not multiplied.
+    """
+
+    def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False) -> None:
+        self.B = B
+        self.narrow = narrow
+        self.pieces = pieces
+        self.BT: np.ndarray | None = None  # B's transpose, contiguous, once many columns are gathered
+        self.gathered = 0  # columns of B gathered so far, by all the blocks of rows
+        self.lock = threading.Lock()  # the blocks share it (exactref/_parallel.py)
+        K = B.shape[-2]
+        self.K = K
+        if narrow or K == 0:
+            # No floating-point exception here: |B| goes to float32 only where it fits.
+            absB = np.abs(B)
+            self.in32 = _in_float32_range(absB)
+            self.absB = absB.astype(np.float32) if self.in32 else absB
+            return
+        self.beta = _slice_exponent(K)
+        self._prepare_sliced(B)
+
+    def _prepare_sliced(self, B: np.ndarray) -> None:
+        """|B| (in float32 where that is safe), B's slices, and the rank-one bounds' rows, from
+        blocks of B's columns side by side (exactref/_parallel.py): each column is cut alone."""
+        N = B.shape[-1]
+        self.B0, self.B1, self.RB = (np.empty(B.shape) for _ in range(3))
+        abs32 = np.empty(B.shape, dtype=np.float32)
+        self.lowB = np.empty(B.shape[:-2] + (N,), dtype=np.int64)
+        self.rows = np.empty(B.shape[:-2] + (2, N))
+        self.RB_cols = np.empty(B.shape[:-2] + (N,), dtype=bool)  # the columns of B with a remainder
+        in32: list[bool] = []  # appends are atomic: the order does not matter
+        g = 1 + 2 * gamma(self.K, U64)  # a float64 sum of K terms errs by at most gamma_K relative
+
+        def block(cut: slice) -> None:
+            part = B[..., cut]
+            absB = np.abs(part)
+            fits = _in_float32_range(absB)
+            in32.append(fits)
+            if fits:  # (used only if every block fits)
+                abs32[..., cut] = absB
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                (self.B0[..., cut], self.B1[..., cut]), RB, self.lowB[..., cut] = _slices(part, -2, self.beta, 2, absB)
+                self.RB[..., cut] = RB
+                self.rows[..., 0:1, cut] = np.max(np.abs(RB), axis=-2, keepdims=True, initial=0.0)
+                self.rows[..., 1:2, cut] = up(np.sum(absB, axis=-2, keepdims=True) * g)
+            self.RB_cols[..., cut] = np.any(RB != 0, axis=-2)
+        # Columns per block: about _PREPARE_BLOCK values of B each.
+        step = max(1, _PREPARE_BLOCK // max(B.size // max(N, 1), 1))
+        if step >= N:
+            block(slice(None))
+        else:
+            for_each_slice(block, N, step)
+        self.in32 = all(in32)
+        self.absB = abs32 if self.in32 else np.abs(B)
+        self.RB_any = bool(self.RB_cols.any())
+
+    def out_shape(self, A: np.ndarray) -> tuple[int, ...]:
+        return np.broadcast_shapes(A.shape[:-2], self.B.shape[:-2]) + (A.shape[-2], self.B.shape[-1])
+
+    def abs_bound(self, A: np.ndarray, absA: np.ndarray | None = None) -> np.ndarray:
+        """An upper bound on ``|A| @ |B|``, from a float32 product where that is safe.
+
+        A float32 product is about twice as fast as a float64 one.  Its inputs'
+        rounding (relative u each), its summation (gamma_K) and its underflows
+        (half a subnormal per term) are paid for explicitly; values outside
+        [2**-60, 2**60] could underflow or overflow, so those take float64.
+        ``absA`` may pass ``|A|``, already computed.
+        """
+        K = self.K
+        if K == 0:
+            return np.zeros(self.out_shape(A))
+        if absA is None:
+            absA = np.abs(A)
+        if not (self.in32 and _in_float32_range(absA)):
+            # |B| in float32 is rounded: take it again, exactly.
+            absB = np.abs(self.B) if self.in32 else self.absB
+            return up((absA @ absB) / (1 - gamma(K, U64)))
+        S32 = absA.astype(np.float32) @ self.absB
+        u32 = 2.0 ** -24
+        S = S32.astype(np.float64)
+        del S32
+        np.multiply(S, (1 + u32) ** 2 * (1 + gamma(K, u32)), out=S)
+        np.add(S, K * 2.0 ** -149, out=S)
+        return _up_into(S)
+
+    def times(self, A: np.ndarray) -> Enclosure:
+        """The enclosure of ``A @ B`` (float64 exceptions are expected: call it under np.errstate)."""
+        return self._narrow(A) if self.narrow else self._sliced(A)
+
+    def _narrow(self, A: np.ndarray) -> Enclosure:
+        hi = A @ self.B
+        g = gamma(max(self.K - 1, 0), U64)
+        S = self.abs_bound(A)
+        # Products are exact, so float64 sums err by at most gamma_{K-1} * sum|terms|.
+        # (np.zeros: np.zeros_like costs several times more for a small product.)
+        rad = up(g * S) if g else np.zeros(hi.shape)
+        return Enclosure(hi, np.zeros(hi.shape), rad, S, lo_zero=True)
+
+    def _sliced(self, A: np.ndarray) -> Enclosure:
+        K = self.K
+        absA = np.abs(A) if K else None
+        S = self.abs_bound(A, absA)
+        if K == 0:
+            z = np.zeros(self.out_shape(A))
+            return Enclosure(z, z.copy(), z.copy(), S)
+        (A0, A1), RA, lowA = _slices(A, -1, self.beta, 2, absA)
+        del absA
+        RA_rows = np.any(RA != 0, axis=-1)  # the rows of A with a remainder
+        # The products' own arrays are reused (in place: the same operations).  Each two-sum
+        # is exact, so hi + e1 + e2 + e3 is (A0 + A1)(B0 + B1) exactly.
+        hi, e1 = _two_sum_into(A0 @ self.B0, A0 @ self.B1)
+        hi, e2 = _two_sum_into(hi, A1 @ self.B0)
+        hi, e3 = _two_sum_into(hi, A1 @ self.B1)
+        # The rest, A0 RB + A1 RB + RA B, as (A0 + A1) RB + RA B: B1 + RB would be one more
+        # array of B's size to keep.  A0 + A1 is exact: it is A itself where A1's unit 2**u1
+        # is at most ulp(A); otherwise a multiple of 2**u1 of magnitude below
+        # |A| + 2**(u1 - 1), at most 2**52 units.
+        A0 += A1
+        del A1
+        rest = A0 @ self.RB if self.RB_any else np.zeros(hi.shape)
+        if RA_rows.any():
+            rest += RA @ self.B
+        pieces = exact = None
+        if self.pieces:  # where rows and columns have no remainder, hi + e1 + e2 + e3 is the value
+            exact = ~RA_rows[..., :, None] & ~self.RB_cols[..., None, :]
+            if exact.any():  # kept apart from lo's roundings
+                pieces = (hi, e1.copy(), e2.copy(), e3.copy())
+        t12 = np.add(e1, e2, out=e1)
+        t = np.add(t12, e3, out=e2)
+        lo = np.add(t, rest, out=rest)
+        g = 1 + 2 * gamma(K, U64)
+        cols = np.concatenate([up(np.sum(np.abs(A0), axis=-1, keepdims=True) * g),
+                               np.max(np.abs(RA), axis=-1, keepdims=True, initial=0.0)], axis=-1)
+        del A0, RA
+        # sum|A0 + A1||RB| + |RA||B| <= R, by a rank-one bound for each piece; rounded up
+        # twice for the float64 products of two terms.
+        R = _up_into(_up_into(cols @ self.rows))
+        # The two products err by gamma_K R plus half a subnormal per product that
+        # underflows, their addition by about u R (counted as three); forming lo costs
+        # u (|t12| + |t| + |lo|):
+        # rad = up(gamma_{K+3} R + U64 (|t12| + |t| + |lo|) + 3 K 2**-1074), in place.
+        tl = np.abs(t12, out=t12)
+        np.add(tl, np.abs(t, out=t), out=tl)
+        np.add(tl, np.abs(lo, out=e3), out=tl)
+        np.multiply(tl, U64, out=tl)
+        rad = np.multiply(R, gamma(K + 3, U64), out=R)
+        np.add(rad, tl, out=rad)
+        np.add(rad, 3 * K * 2.0 ** -1074, out=rad)
+        rad = _up_into(rad)
+        del tl, t, e3
+        # A slice product whose unit underflows float64 is not exact.
+        tiny = (lowA[..., :, None] + self.lowB[..., None, :]) < -1074 + 53
+        ok = np.isfinite(hi)
+        ok &= np.isfinite(lo)
+        ok &= np.isfinite(S)
+        ok &= rad < np.inf
+        if tiny.any() or not ok.all():
+            bad = tiny | ~ok
+            hi, lo, rad = np.where(bad, 0.0, hi), np.where(bad, 0.0, lo), np.where(bad, np.inf, rad)
+            if exact is not None:
+                exact &= ~bad
+        if pieces is None or exact is None or not exact.any():
+            return Enclosure(hi, lo, rad, S)
+        return Enclosure(hi, lo, rad, S, pieces=pieces, exact=exact)
