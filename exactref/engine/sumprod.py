@@ -138,7 +138,7 @@ class RowTerm:
             return fast.rowdot(X, Y)
         if Y is None:
             Y = np.ones(X.shape[-1:])
-        enc = (fast.matmul_narrow if self.narrow else fast.matmul_sliced)(X[..., None, :], Y[..., :, None])
+        enc = (products.matmul_narrow if self.narrow else products.matmul_sliced)(X[..., None, :], Y[..., :, None])
         return fast.Enclosure(*(v[..., 0, 0] for v in (enc.hi, enc.lo, enc.rad, enc.S)))
 
     def prepare(self) -> None:

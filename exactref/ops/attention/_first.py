@@ -358,7 +358,7 @@ class FirstPass:
     """The float64 enclosures of one attention problem, forward first, the backward on demand.
 
     The matmuls whose errors would dominate (q k^T, P V, dO V^T) are
-    error-free sliced products (:func:`exactref.engine.fast.matmul_sliced`),
+    error-free sliced products (:func:`exactref.engine.products.matmul_sliced`),
     the row sums compensated, and the exp bounded by :func:`exp_bounded`:
     what is left is a few units of float64 rounding per quantity, so the
     rounding of a float32 or narrower output is decided for all but a handful
