@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
+from . import _malloc
+
 __all__ = ["own_threads", "small", "width"]
 
 _BLAS_THREADS = 1
@@ -106,12 +108,16 @@ class _OwnThreads:
     def __enter__(self) -> None:
         depth = getattr(_local, "depth", 0)
         _local.depth = depth + 1
-        if depth == 0 and _enabled and self._limits:
+        if depth == 0 and self._limits:
             try:
-                _limit()
+                # A large op also keeps the memory numpy frees, to reuse it (exactref/_malloc.py).
+                _local.malloc = _malloc.hold()
+                if _enabled:
+                    _limit()
             except BaseException:
                 _local.depth = depth
                 _restore()
+                _release_malloc()
                 raise
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -119,6 +125,13 @@ class _OwnThreads:
         _local.depth -= 1
         if _local.depth == 0:
             _restore()
+            _release_malloc()
+
+
+def _release_malloc() -> None:
+    if getattr(_local, "malloc", False):
+        _local.malloc = False
+        _malloc.release()
 
 
 _OWN = _OwnThreads(True)

@@ -1,0 +1,165 @@
+"""While a large op runs, glibc's malloc keeps freed memory (exactref/_malloc.py).
+
+The thresholds are read from a stand-in for libc, which records every
+``mallopt``; one test reads glibc's own statistics (``mallinfo2``) in a
+fresh interpreter, independently of the code under test.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import exactref as er
+import exactref._malloc as malloc
+import exactref._threads as threads
+
+MMAP, TRIM = -3, -1  # mallopt's parameter numbers, from glibc's malloc.h
+HELD = [(MMAP, 32 << 20), (TRIM, 1 << 30)]
+AFTER = [(TRIM, 64 << 20)]
+
+
+class FakeLibc:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return 1
+
+
+@pytest.fixture
+def libc(monkeypatch):
+    fake = FakeLibc()
+    monkeypatch.setattr(malloc, "_libc", fake)
+    monkeypatch.setattr(malloc, "_count", 0)
+    monkeypatch.setattr(malloc, "_enabled", True)
+    return fake
+
+
+def test_hold_raises_the_thresholds_and_release_lowers_the_trim_one(libc):
+    assert malloc.hold()
+    assert libc.calls == HELD
+    malloc.release()
+    assert libc.calls == HELD + AFTER
+
+
+def test_nested_holds_set_the_thresholds_once(libc):
+    assert malloc.hold() and malloc.hold()
+    malloc.release()
+    assert libc.calls == HELD
+    malloc.release()
+    assert libc.calls == HELD + AFTER
+    malloc.release()  # one too many: nothing happens
+    assert libc.calls == HELD + AFTER
+
+
+def test_holds_in_two_threads_are_counted_together(libc):
+    inside, leave = threading.Barrier(2), threading.Event()
+
+    def worker() -> None:
+        malloc.hold()
+        inside.wait()
+        leave.wait()
+        malloc.release()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    malloc.hold()
+    inside.wait()
+    malloc.release()
+    assert libc.calls == HELD  # the other thread is still inside
+    leave.set()
+    t.join()
+    assert libc.calls == HELD + AFTER
+
+
+def test_disabled_it_holds_nothing(libc, monkeypatch):
+    monkeypatch.setattr(malloc, "_enabled", False)
+    assert not malloc.hold()
+    assert libc.calls == []
+
+
+@pytest.mark.parametrize("name, value", [
+    ("MALLOC_TRIM_THRESHOLD_", "1000000"),
+    ("MALLOC_MMAP_THRESHOLD_", "1000000"),
+    ("MALLOC_TOP_PAD_", "0"),
+    ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1000000"),
+])
+def test_a_users_malloc_setting_leaves_malloc_alone(monkeypatch, name, value):
+    monkeypatch.setattr(malloc, "_libc", None)
+    monkeypatch.setenv(name, value)
+    assert malloc._glibc() is False
+
+
+def test_other_tunables_do_not_count_as_a_malloc_setting(monkeypatch):
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc")
+    monkeypatch.setattr(malloc, "_libc", None)
+    for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
+    assert malloc._glibc()
+
+
+BIG = np.linspace(-1.0, 1.0, 4096, dtype=np.float32).reshape(64, 64)
+
+
+@pytest.mark.parametrize("large", [True, False])
+def test_an_op_holds_once_and_releases_even_when_it_raises(libc, monkeypatch, large):
+    if not large:
+        monkeypatch.setattr(threads, "_SMALL", 1 << 40)
+    res = er.matmul(BIG, BIG)
+    res.backward(BIG)
+    assert libc.calls == ((HELD + AFTER) * 2 if large else [])
+    libc.calls.clear()
+    with pytest.raises(ValueError):
+        er.matmul(BIG, BIG[:3])
+    assert malloc._count == 0
+    assert libc.calls in ([], HELD + AFTER)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_glibc_serves_a_4_mib_array_from_the_heap_only_while_held():
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        pytest.skip("glibc before 2.33 has no mallinfo2")
+    code = textwrap.dedent("""
+        import ctypes
+        import numpy as np
+        from exactref import _malloc
+
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in
+                        "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+        libc = ctypes.CDLL(None)
+        libc.mallinfo2.restype = Info
+
+        def mmapped_for_4_mib():
+            before = libc.mallinfo2().hblkhd
+            a = np.ones(1 << 19)
+            during = libc.mallinfo2().hblkhd
+            del a
+            return during - before
+
+        print(mmapped_for_4_mib() >= 4 << 20)
+        assert _malloc.hold()
+        print(mmapped_for_4_mib() >= 4 << 20)
+        a = np.ones(1 << 19)
+        del a
+        print(libc.mallinfo2().fordblks >= 4 << 20)
+        _malloc.release()
+    """)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["True", "False", "True"]
