@@ -234,9 +234,13 @@ def enclose(terms: list[Term], shape: tuple[int, ...]) -> fast.Enclosure:
     return fast.Enclosure(hi, lo, np.where(unsafe, np.inf, r), S)
 
 
-# Output elements per block of rows: the float64 temporaries of a block stay near 1 MiB each,
-# and a 512 x 512 output makes two blocks, for two threads (exactref/_parallel.py).
-_BLOCK = 1 << 17
+# Output elements per block of rows: the float64 temporaries of a block stay near 2 MiB each.
+# An output of more than half a block makes two blocks, for two threads (exactref/_parallel.py).
+# Blocks of 2**17 elements (64 rows of a 2048-column output) ran 15-25% slower at 1024**3
+# and 2048**3 than blocks of 2**18: single-threaded BLAS products of so few rows of A
+# reached 38 GFLOPS where 256 rows reached 47; at 2**19 the peak memory of a float64
+# 2048**3 matmul passed 4x its inputs and output (benchmarks/bench_matmul.py).
+_BLOCK = 1 << 18
 # Float64 pieces gathered at once for the undecided elements: 32 MiB.
 _PIECES = 1 << 22
 
@@ -290,8 +294,13 @@ def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:
     axis = max(len(shape) - 2, 0)
     per_row = math.prod(shape) // max(shape[axis], 1)
     length = max([t.length for t in terms if isinstance(t, RowTerm) and t.length <= _SHORT_ROW] + [1])
-    step = max(1, _BLOCK // max(per_row * length, 1))
-    return None if step >= shape[axis] else step
+    per_row = max(per_row * length, 1)
+    M = shape[axis]
+    if M * per_row <= _BLOCK // 2:
+        return None
+    # At least two blocks, for two threads; a block's rows are those of a thread's BLAS products.
+    step = max(1, min(_BLOCK // per_row, -(-M // 2)))
+    return None if step >= M else step
 
 
 def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
