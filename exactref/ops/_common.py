@@ -181,11 +181,7 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
         sol = solve(ps.terms, shape, pfmt)
         with np.errstate(over="ignore", invalid="ignore"):
             # Overflowing bound arithmetic yields inf, which means "no bound".
-            E, overflow = ps.tolerance(sol)
-        # A bound that overflowed (inf * 0 in a formula) means no bound at all: NaN becomes inf,
-        # which fmin gives (it passes over a NaN), with one numpy call fewer than np.isnan and a
-        # second np.where.
-        E = np.where(E <= 0, E, np.fmin(E * _SLACK, np.inf))
+            E, overflow = ps.tolerance(sol)  # slackened block by block, in _judge
         special = specials(ps.special_terms, shape) if ps.special_terms is not None else None
         # The last: where NaN is accepted besides the answer.
         solved.append((sol, E, overflow, special, None))
@@ -232,7 +228,7 @@ def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None
     shape = sol.rounded.shape
     size = math.prod(shape)  # (np.prod of a tuple costs several microseconds)
     if not shape or size <= _JUDGE_BLOCK:
-        return judge(sol.rounded, sol.x_lo, sol.x_hi, E, fmt, special=special, overflow=overflow,
+        return judge(sol.rounded, sol.x_lo, sol.x_hi, _slackened(E), fmt, special=special, overflow=overflow,
                      nan_also=nan_also, via=via)
     step = max(1, _JUDGE_BLOCK // max(size // shape[0], 1))
     full = [None if v is None else np.broadcast_to(v, shape) for v in (E, special, overflow, nan_also)]
@@ -243,12 +239,23 @@ def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None
 
     def block(cut: slice) -> None:
         E_b, special_b, overflow_b, nan_b = (None if v is None else v[cut] for v in full)
-        part = judge(sol.rounded[cut], sol.x_lo[cut], sol.x_hi[cut], E_b, fmt, special=special_b,
+        part = judge(sol.rounded[cut], sol.x_lo[cut], sol.x_hi[cut], _slackened(E_b), fmt, special=special_b,
                      overflow=overflow_b, nan_also=nan_b, via=via)
         for name in _PART_DTYPES:
             out[name][cut] = getattr(part, name)
     for_each_slice(block, shape[0], step)  # side by side (exactref/_parallel.py)
     return Part(**out)
+
+
+def _slackened(E: np.ndarray) -> np.ndarray:
+    """The tolerance E with its slack (_SLACK) on each positive bound.
+
+    A bound that overflowed (inf * 0 in a formula) means no bound at all: NaN
+    becomes inf, which fmin gives (it passes over a NaN), with one numpy call
+    fewer than np.isnan and a second np.where.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(E <= 0, E, np.fmin(E * _SLACK, np.inf))
 
 
 _PART_DTYPES = {"rounded": np.float64, "x_lo": np.float64, "x_hi": np.float64, "lo": np.float64,
