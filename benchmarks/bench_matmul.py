@@ -22,7 +22,11 @@ traced before it (the Result it returns is included), against the bytes of
 the float64 inputs plus one float64 output.  torch's own allocations are not
 traced; they belong to the baseline.
 
-Run: python benchmarks/bench_matmul.py [--only float64] [--repeat N] [--sizes 512,1024]
+``--floor`` adds, under each row, the time of the BLAS products alone that
+the exact matmul makes, in the engine's blocks on its threads: the floor of
+this design (two products for float32 and narrower, seven for float64).
+
+Run: python benchmarks/bench_matmul.py [--only float64] [--repeat N] [--sizes 512,1024] [--floor]
 """
 
 from __future__ import annotations
@@ -102,12 +106,44 @@ def small_cases_per_second(seconds: float) -> tuple[float, float]:
     return done / (time.perf_counter() - start), done / max(time.process_time() - cpu, 1e-9)
 
 
+def floor_row(dtype: str, n: int, repeat: int) -> str:
+    """The BLAS products alone that ``er.matmul`` makes, in the engine's blocks of rows on its threads.
+
+    A float32 or narrower matmul makes one float64 product and one float32
+    product (of |A| and |B|, for the bound); a float64 one makes six float64
+    products of slices (exactref/engine/products.py) and the float32 one.
+    What the engine does besides costs the difference from the "exact" row.
+    """
+    from exactref._parallel import for_each_slice
+    from exactref._threads import own_threads
+
+    A, B = (v.astype(np.float64) for v in inputs(dtype, n))
+    A32, B32 = np.abs(A).astype(np.float32), np.abs(B).astype(np.float32)
+    count = 6 if dtype == "float64" else 1
+    step = max(1, min((1 << 18) // n, -(-n // 2)))  # exactref/engine/sumprod.py's blocks
+
+    def products() -> None:
+        def block(rows: slice) -> None:
+            for _ in range(count):
+                A[rows] @ B
+            A32[rows] @ B32
+        with own_threads():
+            for_each_slice(block, n, step)
+
+    tA, tB = torch.from_numpy(A), torch.from_numpy(B)
+    base, ours = median_times([lambda: torch.matmul(tA, tB), products], repeat)
+    return (f"floor  {dtype:8s} {n}^3: torch float64 {base * 1e3:8.1f} ms, the {count + 1} BLAS products "
+            f"alone {ours * 1e3:8.1f} ms, ratio {ours / base:6.2f}x (blocks of {step} rows)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per row (median)")
     parser.add_argument("--sizes", default="512,1024,2048", help="comma-separated sides to run")
     parser.add_argument("--only", default="", help="run only rows whose name contains this (e.g. float64, small)")
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of the small-matmul row")
+    parser.add_argument("--floor", action="store_true",
+                        help="diagnostic: also time the BLAS products alone, as the engine makes them")
     parser.add_argument("--no-blas-limit", action="store_true",
                         help="diagnostic: turn off ExactRef's one-BLAS-thread limit (exactref/_threads.py)")
     args = parser.parse_args()
@@ -122,6 +158,8 @@ def main() -> None:
         name = f"matmul {dtype} {n}"
         if n in sizes and args.only in name:
             print(big_row(dtype, n, args.repeat, memory=dtype == "float64"), flush=True)
+            if args.floor:
+                print(floor_row(dtype, n, args.repeat), flush=True)
     if 1024 in sizes and args.only in "matmul float64 1024 float32 values":
         print(big_row("float64", 1024, args.repeat, memory=False, values="float32"), flush=True)
     if args.only in "small matmuls":

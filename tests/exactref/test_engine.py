@@ -327,3 +327,18 @@ def test_long_sums_copies_into_out_as_it_reads_and_gives_the_same_enclosure(T, c
     out2 = np.empty_like(rows)
     long_sums(rows, True, out=out2)
     assert np.array_equal(out2, rows)
+
+
+@pytest.mark.parametrize("M, N, step", [
+    (8, 8, None),  # small: one block
+    (256, 512, None),  # half a block (2**17 elements): one block
+    (512, 512, 256),  # a block's worth: two, for two threads
+    (1024, 1024, 256),
+    (2048, 2048, 128),  # 2**18 elements per block
+    (3, 2**20, 1),  # rows longer than a block: one row each
+])
+def test_blocks_of_rows_hold_at_most_a_block_and_a_large_output_makes_two(M, N, step):
+    """At most 2**18 output elements per block, and two blocks past half of that: a rule of the
+    shapes alone (no thread count), so that the results do not depend on the threads."""
+    term = sumprod.MatmulTerm(1.0, np.zeros((M, 1)), np.zeros((1, N)))
+    assert sumprod._rows_per_block([term], (M, N)) == step
