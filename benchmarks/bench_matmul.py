@@ -27,6 +27,7 @@ the exact matmul makes, in the engine's blocks on its threads: the floor of
 this design (two products for float32 and narrower, seven for float64).
 
 Run: python benchmarks/bench_matmul.py [--only float64] [--repeat N] [--sizes 512,1024] [--floor]
+     [--no-blas-limit] [--no-malloc-hold]
 """
 
 from __future__ import annotations
@@ -146,14 +147,21 @@ def main() -> None:
                         help="diagnostic: also time the BLAS products alone, as the engine makes them")
     parser.add_argument("--no-blas-limit", action="store_true",
                         help="diagnostic: turn off ExactRef's one-BLAS-thread limit (exactref/_threads.py)")
+    parser.add_argument("--no-malloc-hold", action="store_true",
+                        help="diagnostic: let glibc's malloc trim freed memory as it would (exactref/_malloc.py)")
     args = parser.parse_args()
+    if args.no_malloc_hold:
+        from exactref import _malloc
+
+        _malloc._enabled = False
     if args.no_blas_limit:
         from exactref import _threads
 
         _threads._enabled = False
     sizes = {int(s) for s in args.sizes.split(",") if s}
     print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} torch threads, "
-          f"median of {args.repeat}{', BLAS limit off' if args.no_blas_limit else ''}")
+          f"median of {args.repeat}{', BLAS limit off' if args.no_blas_limit else ''}"
+          f"{', malloc left to trim' if args.no_malloc_hold else ''}")
     for dtype, n in TARGETS:
         name = f"matmul {dtype} {n}"
         if n in sizes and args.only in name:

@@ -3,23 +3,26 @@
 Why: an op works in blocks of about 1 MiB per array (exactref/_parallel.py),
 and each numpy temporary is a fresh allocation.  glibc serves allocations of
 that size by mmap, or from the top of its heap, which it trims whenever more
-than a few MiB lie free there; so nearly every temporary comes back as new
-pages, which the kernel faults in and zeroes one by one.  Measured on 2 cores
-(three temporaries per 1 MiB block, over 32 MiB): 49 ms, against 4.4 ms with
-the memory kept; a float32 512^3 matmul took 33 ms against 18 ms, a float32
-1024^3 one 111 ms against 80 ms.
+than a few MiB lie free there; so many temporaries come back as new pages,
+which the kernel faults in and zeroes one by one.  Measured on 2 cores
+(medians, each in a fresh process): three temporaries per 1 MiB block over
+32 MiB took 11.7-12.3 ms, against 8.7 ms with the memory kept; a float32
+512^3 matmul 28-35 ms, against 18-19 ms.  At 1024^3 and 2048^3 the
+difference was within the noise, and the peak resident memory the same.
 
 So the outermost large op (the one that limits the BLAS threads,
 exactref/_threads.py) raises glibc's trim and mmap thresholds, and the last
 op to leave sets them to the values glibc's own dynamic thresholds grow to
 once a program frees a 32 MiB array (mmap 32 MiB, trim twice that): glibc
-then gives back what lies free above 64 MiB at the next free.  (An explicit
-``malloc_trim(0)`` at the end cost a float32 512^3 matmul 17-23 ms against
-29-32 ms, as the next op faulted its pages in again, and left the peak
-resident memory the same.)  glibc has no way to read the thresholds, so
-where the user has set them (``MALLOC_TRIM_THRESHOLD_``,
-``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TOP_PAD_`` or a ``glibc.malloc``
-tunable) ExactRef leaves malloc alone, as it does on any other C library.
+then gives back what lies free above 64 MiB at the next free.  (With an
+explicit ``malloc_trim(0)`` at the end as well, a float32 512^3 matmul took
+29-32 ms instead of 17-23 ms: the next op faulted its pages in again.)
+``python benchmarks/bench_matmul.py --no-malloc-hold`` runs without it.
+
+glibc has no way to read the thresholds, so where the user has set them
+(``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TOP_PAD_``
+or a ``glibc.malloc`` tunable) ExactRef leaves malloc alone, as it does on
+any other C library.
 """
 
 from __future__ import annotations
