@@ -236,7 +236,7 @@ def enclose(terms: list[Term], shape: tuple[int, ...]) -> fast.Enclosure:
 
 # Output elements per block of rows: the float64 temporaries of a block stay near 2 MiB each.
 # An output of more than half a block makes two blocks, for two threads (exactref/_parallel.py).
-# Blocks of 2**17 elements (64 rows of a 2048-column output) ran 15-25% slower at 1024**3
+# Blocks of 2**17 elements (64 rows of a 2048-column output) ran 12-30% slower at 1024**3
 # and 2048**3 than blocks of 2**18: single-threaded BLAS products of so few rows of A
 # reached 38 GFLOPS where 256 rows reached 47; at 2**19 the peak memory of a float64
 # 2048**3 matmul passed 4x its inputs and output (benchmarks/bench_matmul.py).

@@ -342,3 +342,24 @@ def test_blocks_of_rows_hold_at_most_a_block_and_a_large_output_makes_two(M, N, 
     shapes alone (no thread count), so that the results do not depend on the threads."""
     term = sumprod.MatmulTerm(1.0, np.zeros((M, 1)), np.zeros((1, N)))
     assert sumprod._rows_per_block([term], (M, N)) == step
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0 ** 80])  # 2**80: |B| is past float32's safe range
+def test_right_prepares_b_the_same_in_blocks_of_columns(monkeypatch, scale):
+    """B's slices, |B| and the rank-one rows, made block by block of columns side by side, are
+    those of one block of all columns, bit for bit, and the product's enclosure with them."""
+    rng = np.random.default_rng(11)
+    B = rng.standard_normal((40, 37)) * scale
+    B[:, 5] = np.round(B[:, 5])  # a column without a remainder
+    A = rng.standard_normal((6, 40))
+    whole = products.Right(B, narrow=False, pieces=True)
+    monkeypatch.setattr(products, "_PREPARE_BLOCK", 40 * 3)  # blocks of 3 columns
+    blocked = products.Right(B, narrow=False, pieces=True)
+    for name in ("B0", "B1", "RB", "lowB", "rows", "RB_cols", "absB"):
+        np.testing.assert_array_equal(getattr(blocked, name), getattr(whole, name), err_msg=name)
+        assert getattr(blocked, name).dtype == getattr(whole, name).dtype, name
+    assert (blocked.in32, blocked.RB_any) == (whole.in32, whole.RB_any) == (scale == 1.0, True)
+    with np.errstate(all="ignore"):
+        e1, e2 = whole.times(A), blocked.times(A)
+    for name in ("hi", "lo", "rad", "S"):
+        np.testing.assert_array_equal(getattr(e1, name), getattr(e2, name), err_msg=name)
