@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import exactref as er
+from exactref.ops.attention import _double as double
 from exactref.ops.attention import _second as second
 from exactref.ops.attention import op as attention
 
@@ -153,9 +154,12 @@ def test_moderate_sizes_agree_with_the_oracle(fmt, seed):
 
 @pytest.mark.parametrize("kind", ["plain", "gqa"])
 def test_float64_refinements_share_weights_and_dS_and_agree_with_the_oracle(monkeypatch, kind):
-    # A float64 output leaves every element to Arb: the forward computes every row's weights, the
-    # backward's grad_query every row's dS, and grad_key and grad_value reuse both (_wholehead).
+    # Without the double-double pass a float64 output leaves every element to Arb: the forward
+    # computes every row's weights, the backward's grad_query every row's dS, and grad_key and
+    # grad_value reuse both (_wholehead).
     from exactref.ops.attention import _wholehead
+
+    _no_double_pass(monkeypatch)
 
     used = {"weights": 0, "dS": 0}
     real_init, real_full = _wholehead.WholeHead.__init__, _wholehead.WholeHead.full
@@ -186,6 +190,15 @@ def test_float64_refinements_share_weights_and_dS_and_agree_with_the_oracle(monk
     assert used["weights"] >= 2 and used["dS"] >= 2
 
 
+def _no_double_pass(monkeypatch):
+    """Make the double-double pass decide nothing, as if it were not there."""
+    def nothing(self, which, flats):
+        n = len(flats)
+        return np.zeros(n), np.zeros(n), np.full(n, np.inf)
+
+    monkeypatch.setattr(double.DoublePass, "enclose", nothing)
+
+
 def _everything_through(monkeypatch, stage):
     """Make the first pass (and, for stage "arb", the second) decide nothing."""
     from exactref.ops.attention import op as attention
@@ -202,22 +215,25 @@ def _everything_through(monkeypatch, stage):
     monkeypatch.setattr(attention, "decide", undecided)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("stage", ["second", "arb"])
-def test_every_decision_stage_gives_the_same_rounding(monkeypatch, stage):
+def test_every_decision_stage_gives_the_same_rounding(monkeypatch, stage, dtype):
     # The first and second passes only decide what they can prove; sending every element
-    # through the later stages must not change a single bit.
+    # through the later stages must not change a single bit.  (float64 results go through the
+    # double-double pass, narrower ones through the longdouble pass.)
     rng = np.random.default_rng(4)
-    q, k, v = (rng.standard_normal((2, 7, 5)).astype(np.float32) for _ in range(3))
-    grad = rng.standard_normal((2, 7, 5)).astype(np.float32)
+    q, k, v = (rng.standard_normal((2, 7, 5)).astype(dtype) for _ in range(3))
+    grad = rng.standard_normal((2, 7, 5)).astype(dtype)
     mask = rng.random((7, 7)) < 0.7
     r = er.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     g = r.backward(grad)
     _everything_through(monkeypatch, stage)
     r2 = er.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     g2 = r2.backward(grad)
-    assert np.array_equal(r.rounded.view(np.int32), r2.rounded.view(np.int32))
+    view = np.int32 if dtype == np.float32 else np.int64
+    assert np.array_equal(r.rounded.view(view), r2.rounded.view(view))
     for name in g:
-        assert np.array_equal(g[name].rounded.view(np.int32), g2[name].rounded.view(np.int32)), name
+        assert np.array_equal(g[name].rounded.view(view), g2[name].rounded.view(view)), name
 
 
 def _enclosures_hold(oracle: Oracle, grad, seen) -> int:
@@ -233,11 +249,12 @@ def _enclosures_hold(oracle: Oracle, grad, seen) -> int:
     return sum(len(flats) for _, flats, *_ in seen)
 
 
-def _second_pass_holds(q, k, v, grad, kw, okw) -> int:
-    """Send every element through the longdouble pass and check that each enclosure holds the
-    oracle's value; returns how many elements it enclosed."""
+def _second_pass_holds(q, k, v, grad, kw, okw, pass_cls=second.SecondPass) -> int:
+    """Send every element through a second pass (the longdouble one, or ``double.DoublePass``, for
+    every output format) and check that each enclosure holds the oracle's value; returns how many
+    elements it enclosed."""
     seen = []
-    real = second.SecondPass.enclose
+    real = pass_cls.enclose
 
     def recording(self, which, flats):
         hi, lo, rad = real(self, which, flats)
@@ -246,8 +263,9 @@ def _second_pass_holds(q, k, v, grad, kw, okw) -> int:
 
     with pytest.MonkeyPatch.context() as mp:
         _everything_through(mp, "second")
-        mp.setattr(second.SecondPass, "enclose", recording)
-        mp.setattr(attention, "_SECOND_PASS_MAX_P", 53)  # float64 results skip it by default
+        mp.setattr(pass_cls, "enclose", recording)
+        # The longdouble pass for every format (float64 skips it by default), or for none.
+        mp.setattr(attention, "_SECOND_PASS_MAX_P", 53 if pass_cls is second.SecondPass else 0)
         r = er.scaled_dot_product_attention(q, k, v, **kw)
         try:
             r.backward(grad)
@@ -306,6 +324,51 @@ def test_second_pass_encloses_every_element_of_a_moderate_case():
     mask = rng.random((9, 9)) < 0.8
     n = _second_pass_holds(q, k, v, grad, {"attn_mask": mask}, {"mask": mask})
     assert n == 4 * q.size  # out, grad_query, grad_key and grad_value: none a structural zero
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "float64"])
+@settings(deadline=None, max_examples=60)
+@given(data=st.data())
+def test_double_pass_enclosures_hold_the_oracle_values(fmt, data):
+    _second_pass_holds(*data.draw(cases(fmt)), pass_cls=double.DoublePass)
+
+
+def test_double_pass_encloses_and_decides_a_float64_case():
+    rng = np.random.default_rng(8)
+    q, k, v, grad = (rng.standard_normal((2, 9, 6)) * 2 for _ in range(4))
+    mask = rng.random((9, 9)) < 0.8
+    n = _second_pass_holds(q, k, v, grad, {"attn_mask": mask}, {"mask": mask}, pass_cls=double.DoublePass)
+    assert n == 4 * q.size
+    # Its enclosures are near 2**-100 relative: by default it leaves nothing to Arb here.
+    sent = []
+    real = attention.Refiner.refine
+
+    def counting(self, which, flats, fmt, presorted=False):
+        sent.append(len(flats))
+        return real(self, which, flats, fmt, presorted)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attention.Refiner, "refine", counting)
+        er.scaled_dot_product_attention(q, k, v, attn_mask=mask).backward(grad)
+    assert len(sent) == 4 and sum(sent) == 0
+
+
+@pytest.mark.parametrize("size", ["huge_logits", "tiny_values", "wide"])
+def test_double_pass_encloses_weights_that_underflow_and_values_near_underflow(size):
+    # Logits hundreds apart (weights below 2**-1074, clamped below exp(-745)), values near 2**-1000
+    # (whose products' low parts underflow) and a mix of magnitudes.
+    rng = np.random.default_rng(9)
+    q, k, v, grad = (rng.standard_normal((1, 5, 4)) for _ in range(4))
+    if size == "huge_logits":
+        q *= 60.0
+        k *= 60.0
+    elif size == "tiny_values":
+        v *= 2.0 ** -1000
+        grad *= 2.0 ** -20
+    else:
+        q *= 2.0 ** rng.integers(-30, 6, q.shape)
+        v *= 2.0 ** rng.integers(-900, 300, v.shape)
+    _second_pass_holds(q, k, v, grad, {}, {}, pass_cls=double.DoublePass)
 
 
 def test_a_float64_output_near_a_midpoint_is_rounded_correctly():

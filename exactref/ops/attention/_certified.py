@@ -5,8 +5,8 @@ Three steps, cheapest first, for each undecided element:
 1. *Structural zeros.*  An element every term of which is exactly zero (a
    fully masked row, a zero column of V, a zero row of dO, ...) is +0.
 2. *Arb.*  The element is computed in Arb ball arithmetic from the exact
-   inputs, at 64 bits (128 after the longdouble second pass, which a 64-bit
-   ball does not beat), then at twice the precision until its ball rounds to
+   inputs, at 64 bits (128 after a second pass, which a 64-bit ball does
+   not beat), then at twice the precision until its ball rounds to
    one value (:func:`exactref.engine.certified.round_certified`).  The work
    is per head: the logits Q K^T and the products with V, dO, K and Q are
    ``arb_mat`` products; an element of grad_key or grad_value, which needs
@@ -230,7 +230,8 @@ class Refiner:
         self.G = G  # the output gradient per head (H, L, Ev), or None for the forward
         # The work the Arb refinement of one output may do, in units of one exp at 64 bits (see _charge).
         self.budget = budget
-        # After the 64-bit extended second pass, a 64-bit Arb ball is no tighter: start higher.
+        # After a second pass (64-bit extended or double-double), a 64-bit Arb ball is no tighter:
+        # start higher.
         self._after_second = after_second
         self._spent = 0.0
         self._start = START_PRECISION

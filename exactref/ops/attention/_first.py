@@ -372,6 +372,8 @@ class FirstPass:
         # Arb weights P_i of rows, by (head, precision): the refinements of the forward and of every
         # backward compute the same ones (_certified._Head, _wholehead.WholeHead), so they share them.
         self.arb_weights: dict = {}
+        # The double-double pass's weights and output balls (_double.DoublePass), computed when needed.
+        self.double: dict = {}
         H, L, S = pb.H, pb.L, pb.S
         self.Qh, self.Kh, self.Vh = pb.Q[pb.qi], pb.K[pb.ki], pb.V[pb.vi]
         if pb.uniform is not None:

@@ -48,6 +48,7 @@ from ...rounding import decide, next_down, next_up
 from .._common import Op, read_grad
 from . import _second as second
 from ._certified import DEFAULT_BUDGET, Refiner
+from ._double import DoublePass
 from ._first import FirstPass
 from ._model import AttentionTolerance, backward_tolerance, forward_tolerance
 from ._problem import Problem, ieee_math_path, read_problem, settle_masks
@@ -58,8 +59,18 @@ OP = "scaled_dot_product_attention"
 _CPU_KV_SPLIT = 512  # kv_split_size of PyTorch's CPU flash kernel
 _CPU_Q_SPLIT = 32  # its smallest q_split_size
 # The longdouble second pass runs for outputs of at most this precision: of a float64 output's
-# undecided elements it decides about one in five, at more than Arb would spend on them.
+# undecided elements it decides about one in five, at more than Arb would spend on them.  Wider
+# outputs (and every output where longdouble is float64) get the double-double pass instead.
 _SECOND_PASS_MAX_P = 24
+
+Passes = tuple["second.SecondPass | DoublePass", Refiner]
+
+
+def _passes(pb: Problem, fp: FirstPass, G: np.ndarray | None, budget: float) -> Passes:
+    """The second pass that suits the output format, and the Arb refinement after it."""
+    if second.available() and pb.fmt.p <= _SECOND_PASS_MAX_P:
+        return second.SecondPass(pb, fp, G), Refiner(pb, fp, OP, G, budget, True)
+    return DoublePass(pb, fp, G), Refiner(pb, fp, OP, G, budget, True)
 
 
 class AttentionAlgorithm(enum.Enum):
@@ -182,7 +193,7 @@ class _State:
         return self._fwd_E[model]
 
 
-def _decide(passes: tuple[second.SecondPass, Refiner], which: str,
+def _decide(passes: Passes, which: str,
             enclosure: tuple[np.ndarray, np.ndarray, np.ndarray], fmt: Format, special: np.ndarray | None
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rounded values and float64 bounds x_lo <= exact <= x_hi, refining what the first pass leaves open.
@@ -204,9 +215,8 @@ def _decide(passes: tuple[second.SecondPass, Refiner], which: str,
         zero = passes[1].structural_zeros(which, pending)
         rounded[pending[zero]], x_lo[pending[zero]], x_hi[pending[zero]] = 0.0, 0.0, 0.0
         pending = pending[~zero]
-    if pending.size and second.available() and fmt.p <= _SECOND_PASS_MAX_P:
-        # The second pass recomputes the undecided elements in 64-bit extended precision; for a
-        # float64 result it decides too few of them to pay.
+    if pending.size:
+        # The second pass encloses the undecided elements again, far more tightly (_passes).
         hi2, lo2, rad2 = passes[0].enclose(which, pending)
         with np.errstate(invalid="ignore", over="ignore"):
             r2, ok2 = decide(hi2, lo2, rad2, fmt)
@@ -243,7 +253,7 @@ class _MathResult(Result):
             raise type(exc)(f"{exc}\n{_FLASH_HINT}", op=exc.op, indices=exc.indices, **exc.details) from None
 
 
-def _result(st: _State, passes: tuple[second.SecondPass, Refiner], which: str,
+def _result(st: _State, passes: Passes, which: str,
             enclosure: tuple[np.ndarray, np.ndarray, np.ndarray], E: np.ndarray, overflow: np.ndarray,
             special: np.ndarray | None, algorithm: AttentionAlgorithm, backward: Any = None,
             flash: Callable[[], Result] | None = None) -> Result:
@@ -272,7 +282,7 @@ def _forward(st: _State, algorithm: AttentionAlgorithm) -> Result:
     def backward(grad: Any) -> Gradients:
         return _backward(st, grad, algorithm)
 
-    passes = (second.SecondPass(st.pb, fp, None), Refiner(st.pb, fp, OP, None, st.budget, second.available()))
+    passes = _passes(st.pb, fp, None, st.budget)
     flash = None
     if algorithm is AttentionAlgorithm.MATH and st.pb.fmt.name in ("float16", "bfloat16"):
         def flash() -> Result:
@@ -301,8 +311,7 @@ def _backward(st: _State, grad: Any, algorithm: AttentionAlgorithm) -> Gradients
     for names, G_group, fp_group in groups:
         fp_group.backward(G_group)
         # Each backward gets its own passes: what they cache depends on the output gradient.
-        passes = (second.SecondPass(pb, fp_group, G_group),
-                  Refiner(pb, fp_group, OP, G_group, st.budget, second.available()))
+        passes = _passes(pb, fp_group, G_group, st.budget)
         for which in names:
             enclosure = fp_group.grad(which)
             E, overflow = backward_tolerance(fp_group, algorithm.backward_tolerance, pb.fmt, E_fwd, which)

@@ -1,0 +1,152 @@
+"""Attention's double-double pass: whole outputs in balls far inside a float64 ulp, for float64 results.
+
+The first pass's float64 weights are good to about 2**-40 (its exp) and the
+longdouble pass's to 2**-60, while deciding the rounding of a float64 output
+takes an enclosure far inside one float64 ulp: without this pass nearly every
+element of a float64 output went to Arb, one element at a time.  Here the
+elementwise steps (logits, exp, softmax, dS) run in double-double balls
+(:mod:`exactref.engine.balls`), whose radii are rigorous element by
+element, and every product with an input matrix is a matrix product:
+
+* X @ Y with X a ball (X.hi + X.lo +- X.rad) and Y exact is
+  ``X.hi @ Y`` by error-free slicing (its radius 2**-80 to 2**-90 of the
+  sum of |terms|, measured, against 2**-99 for the elementwise steps), plus
+  the plain float64 ``X.lo @ Y`` (its error at most gamma_K |X.lo| @ |Y|,
+  u**2 relative), plus the radius X.rad @ |Y|;
+* D_i = sum_j P_ij dP_ij is computed as dO_i . O_i, the same number, from
+  the output's ball;
+* the logits and dP = dO V^T are the first pass's error-free products.
+
+Every output element gets an enclosure; an element whose radius is inf
+(an overflow, a split that could not be exact) goes on to Arb.
+"""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+
+from ...engine import balls
+from ...engine.balls import Ball
+from ...engine.fast import two_sum, up
+from ._first import FirstPass, U, _cat_cols, _cat_rows_t, by_rows, g, matmul_up, sliced
+from ._problem import Problem, Scale
+
+__all__ = ["DoublePass"]
+
+
+def scale_ball(sc: Scale) -> Ball:
+    """The softmax scale s as a ball of 0-dimensional arrays."""
+    with mpmath.workprec(300):
+        if sc.rational is not None:
+            v = mpmath.mpf(sc.rational.numerator) / sc.rational.denominator
+        else:
+            v = 1 / mpmath.sqrt(sc.root_of)
+        return Ball(*(np.array(c) for c in balls.constant(v)))
+
+
+def _zero(like: np.ndarray) -> Ball:
+    return balls.exact(np.zeros_like(like))
+
+
+def _weight_rows(d_hi: np.ndarray, d_lo: np.ndarray, d_rad: np.ndarray, unmasked: np.ndarray,
+                 additive: np.ndarray | None, M: np.ndarray, s: Ball) -> tuple[np.ndarray, ...]:
+    """The weights P = softmax(s d + additive) of some rows, as (hi, lo, rad)."""
+    x = balls.mul(Ball(d_hi, d_lo, d_rad), s)
+    if additive is not None:
+        x = balls.add(x, balls.exact(np.where(unmasked, additive, 0.0)))
+    # M is an exact float (the first pass's row maximum): shifting by it changes nothing exactly.
+    y = balls.add(x, balls.exact(-M[..., None]))
+    y = balls.where(unmasked, y, _zero(d_hi))
+    w = balls.where(unmasked, balls.exp(y), _zero(d_hi))
+    W = balls.sum_last(w)
+    full = ~unmasked.any(axis=-1)  # a row with no key: output and gradients exactly 0
+    W = balls.where(full, balls.exact(np.ones_like(W.hi)), W)
+    P = balls.div(w, W[..., None])
+    return tuple(balls.where(unmasked, balls.finite(P), _zero(d_hi)))
+
+
+def _ds_rows(P_hi: np.ndarray, P_lo: np.ndarray, P_rad: np.ndarray, dP_hi: np.ndarray, dP_lo: np.ndarray,
+             dP_rad: np.ndarray, D_hi: np.ndarray, D_lo: np.ndarray, D_rad: np.ndarray, unmasked: np.ndarray
+             ) -> tuple[np.ndarray, ...]:
+    """dS = P (dP - D) of some rows, as (hi, lo, rad)."""
+    D = Ball(D_hi, D_lo, D_rad)[..., None]
+    T = balls.add(Ball(dP_hi, dP_lo, dP_rad), balls.neg(D))
+    dS = balls.mul(Ball(P_hi, P_lo, P_rad), T)
+    return tuple(balls.where(unmasked, balls.finite(dS), _zero(P_hi)))
+
+
+def contract(X: Ball, Y: np.ndarray) -> Ball:
+    """X @ Y for a ball X and exact float64 Y (batched over the leading axes)."""
+    K = X.hi.shape[-1]
+    hi1, lo1, rad1 = sliced(X.hi, Y)
+    with np.errstate(over="ignore", invalid="ignore"):
+        absY = np.abs(Y)
+        c = X.lo @ Y
+        # Any order of the K products and sums of X.lo @ Y: Higham's gamma_K, and an underflow each.
+        rc = up(g(K) * matmul_up(np.abs(X.lo), absY) + K * 2.0 ** -1070)
+        rp = matmul_up(X.rad, absY)
+        hi, e = two_sum(hi1, c)
+        lo = e + lo1
+        rad = up(rad1 + rc + rp + U * np.abs(lo))
+    return balls.finite(Ball(hi, lo, rad))
+
+
+class DoublePass:
+    """Enclosures of every element of the outputs, computed once per output and cached.
+
+    It has the interface of :class:`~exactref.ops.attention._second.SecondPass`:
+    :meth:`enclose` gives the chosen elements' (hi, lo, rad).
+    """
+
+    def __init__(self, pb: Problem, fp: FirstPass, G: np.ndarray | None) -> None:
+        self.pb, self.fp, self.G = pb, fp, G
+        self.s = scale_ball(pb.scale)
+        self._done: dict[str, Ball] = {}
+
+    def _P(self) -> Ball:
+        # The weights and the output depend on the forward alone: kept on the first pass, they serve
+        # the forward and every backward (each with its own DoublePass).
+        fp = self.fp
+        if fp.double.get("P") is None:
+            pb = self.pb
+            parts = by_rows(_weight_rows, pb.H, pb.L, *fp.logit_parts, fp.unmasked, pb.additive, fp.M, self.s)
+            fp.double["P"] = Ball(*parts)
+        return fp.double["P"]
+
+    def _out(self) -> Ball:
+        fp = self.fp
+        if fp.double.get("out") is None:
+            fp.double["out"] = contract(self._P(), fp.Vh)
+        return fp.double["out"]
+
+    def _dS(self) -> Ball:
+        if "dS" not in self._done:
+            pb, fp, G = self.pb, self.fp, self.G
+            D = balls.sum_last(balls.mul(balls.exact(G), self._out()))  # = sum_j P_ij dP_ij
+            parts = by_rows(_ds_rows, pb.H, pb.L, *self._P(), *fp.dP_parts, *D, fp.unmasked)
+            self._done["dS"] = Ball(*parts)
+        return self._done["dS"]
+
+    def _grad(self, which: str) -> Ball:
+        pb, fp = self.pb, self.fp
+        cop = pb.copies(which)
+        n, c = cop.shape
+        if which == "query":
+            X = Ball(*(_cat_cols(a, cop) for a in self._dS()))
+            Y = fp.Kh[cop].reshape(n, c * pb.S, pb.E)
+        elif which == "key":
+            X = Ball(*(_cat_rows_t(a, cop) for a in self._dS()))
+            Y = fp.Qh[cop].reshape(n, c * pb.L, pb.E)
+        else:
+            X = Ball(*(_cat_rows_t(a, cop) for a in self._P()))
+            Y = self.G[cop].reshape(n, c * pb.L, pb.Ev)
+        out = contract(X, Y)
+        return out if which == "value" else balls.finite(balls.mul(out, self.s))
+
+    def enclose(self, which: str, flats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(hi, lo, rad) float64 enclosures of the elements ``flats`` of output ``which``."""
+        if which not in self._done:
+            self._done[which] = self._out() if which == "out" else self._grad(which)
+        whole = self._done[which]
+        return tuple(a.reshape(-1)[flats] for a in whole)  # type: ignore[return-value]
