@@ -160,13 +160,22 @@ def constant(v: mpmath.mpf) -> tuple[float, float, float]:
 
 # exp(y) = 2**m * 2**(j/N) * exp(r), y = (N m + j) ln2/N + r with k = N m + j = rint(y N / ln2), so
 # |r| <= ln2/(2N) + (the rint's float64 error): a table of 2**(j/N) and a degree-8 Taylor polynomial,
-# whose remainder |r|**9 / 9! e**|r| is near 2**-104 at |r| = 2**-9.5.
+# whose remainder |r|**9 / 9! e**|r| is near 2**-104 at |r| = 2**-9.5.  Its terms of degree 4 and more
+# (below 2**-42) are summed in plain float64, with a bound: their error is near 2**-90.
+# ln2/N = _C1 + _C2 + _C3 + t, |t| <= _C_TAIL, where _C1 and _C2 have at most 33 significant bits,
+# so that k _C1 and k _C2 are exact for |k| < 2**20 (|k| <= 745 N / ln 2 + 1 < 2**19 here), and
+# k _C3 (below 2**-55) rounds by less than 2**-108.
 _N = 256
 _DEGREE = 8
 with mpmath.workprec(300):
-    _LN2_N = constant(mpmath.log(2) / _N)
+    _C = mpmath.log(2) / _N
+    _C1 = float(mpmath.floor(_C * 2 ** 41)) / 2 ** 41
+    _C2 = float(mpmath.floor((_C - _C1) * 2 ** 74)) / 2 ** 74
+    _C3 = float(_C - _C1 - _C2)
+    _C_TAIL = float(abs(_C - _C1 - _C2 - _C3)) * 2 + 2.0 ** -1074
     _TABLE = np.array([constant(mpmath.mpf(2) ** (mpmath.mpf(j) / _N)) for j in range(_N)]).T.copy()
-    _COEF = [constant(1 / mpmath.factorial(n)) for n in range(_DEGREE + 1)]
+    _COEF = [constant(1 / mpmath.factorial(n)) for n in range(4)]
+_TAIL = [1.0 / math.factorial(n) for n in range(4, _DEGREE + 1)]
 _Y_MIN = -745.0  # exp(-744) < 2**-1073: below it a weight is 0 within 2**-1070
 _Y_MAX = 8.0  # above it the result is given up (callers' arguments are at most about 0)
 
@@ -175,26 +184,48 @@ def _const(c: tuple[float, float, float], like: np.ndarray) -> Ball:
     return Ball(*(np.full_like(like, v) for v in c))
 
 
+def _tail(r: Ball, ar: np.ndarray) -> Ball:
+    """A ball holding sum_{n=4..8} r'**n / n! + (Taylor's remainder) for every r' of the ball r,
+    from the float64 r.hi; ``ar`` bounds |r'|, and must be at most 0.5 (radius inf past it)."""
+    rf = r.hi
+    t = np.full_like(rf, _TAIL[-1])
+    for c in reversed(_TAIL[:-1]):
+        t = t * rf + c
+    r2 = rf * rf
+    t = t * (r2 * r2)
+    # For ar <= 0.5: sum_{n>=4} ar**n / n! <= 1.12 ar**4 / 24, and |t'| <= 1.7 ar**3 / 6.  The
+    # float64 evaluation makes 11 roundings on partial sums below that sum (14 u of it, the
+    # coefficients' roundings included); r' differs from r.hi by at most |r.lo| + r.rad.
+    a4 = ar * ar * ar * ar
+    evaluation = 16 * U * 1.12 / 24 * a4
+    spread = 1.7 / 6 * ar * ar * ar * (np.abs(r.lo) + r.rad)
+    trunc = ar ** (_DEGREE + 1) / math.factorial(_DEGREE + 1) * 1.7
+    err = np.where(ar <= 0.5, up(up(evaluation + spread) + trunc), np.inf)
+    return Ball(t, np.zeros_like(t), err)
+
+
 def exp(y: Ball) -> Ball:
     """exp(y) for balls y below about 8 (a ball below -745 gives [0, 2**-1070]; above 8, radius inf).
 
     The reduction r = y - k (ln2/N) is a ball operation, so its error (near
     2u**2 (|y| + |k ln2/N|)) is in r's radius and goes through the polynomial
-    with it; the Taylor remainder is bounded element by element from |r|'s
-    upper bound.
+    with it; the polynomial's float64 tail (:func:`_tail`) and the Taylor
+    remainder are bounded element by element from |r|'s upper bound.
     """
     with np.errstate(over="ignore", invalid="ignore"):
         low = y.hi < _Y_MIN
         high = ~(y.hi <= _Y_MAX)  # NaN too
         yc = where(low | high, exact(np.zeros_like(y.hi)), y)
         k = np.rint(yc.hi * (_N / math.log(2)))
-        r = add(yc, neg(mul(exact(k), _const(_LN2_N, k))))
-        p = _const(_COEF[_DEGREE], k)
-        for n in range(_DEGREE - 1, -1, -1):
-            p = add(mul(p, r), _const(_COEF[n], k))
+        kc3 = k * _C3
+        # (Normalised first: a lo as large as k _C2 would round, in add, at 2**-77.)
+        r = add(yc, neg(Ball(*two_sum(k * _C1, k * _C2), np.zeros_like(k))))
+        r = add(r, neg(Ball(kc3, np.zeros_like(k), up(U * np.abs(kc3) + np.abs(k) * _C_TAIL))))
         ar = r.magnitude()
-        trunc = up(ar ** (_DEGREE + 1) / math.factorial(_DEGREE + 1) * np.exp(np.minimum(ar, 1.0)) * 1.01)
-        p = Ball(p.hi, p.lo, np.where(ar <= 0.5, up(p.rad + trunc), np.inf))
+        p = _const(_COEF[3], k)
+        for n in (2, 1, 0):
+            p = add(mul(p, r), _const(_COEF[n], k))
+        p = add(p, _tail(r, ar))
         ki = k.astype(np.int64)
         j = ki & (_N - 1)
         w = mul(Ball(_TABLE[0][j], _TABLE[1][j], _TABLE[2][j]), p)

@@ -93,60 +93,81 @@ def contract(X: Ball, Y: np.ndarray) -> Ball:
 
 
 class DoublePass:
-    """Enclosures of every element of the outputs, computed once per output and cached.
+    """Enclosures of the outputs' elements, computed for the heads they need and cached.
 
     It has the interface of :class:`~exactref.ops.attention._second.SecondPass`:
-    :meth:`enclose` gives the chosen elements' (hi, lo, rad).
+    :meth:`enclose` gives the chosen elements' (hi, lo, rad).  A float64
+    output asks for every element, so for every head; after the longdouble
+    pass a narrower one asks for a few, and only their heads are computed.
     """
 
     def __init__(self, pb: Problem, fp: FirstPass, G: np.ndarray | None) -> None:
         self.pb, self.fp, self.G = pb, fp, G
         self.s = scale_ball(pb.scale)
-        self._done: dict[str, Ball] = {}
+        self._done: dict[tuple, Ball] = {}
 
-    def _P(self) -> Ball:
+    def _heads(self, a: np.ndarray | None, hs: np.ndarray) -> np.ndarray | None:
+        """The heads ``hs`` of a per-head array (itself, not a copy, when they are all of them)."""
+        if a is None or (hs.size == self.pb.H and (hs == np.arange(self.pb.H)).all()):
+            return a
+        return a[hs]
+
+    def _P(self, hs: np.ndarray) -> Ball:
         # The weights and the output depend on the forward alone: kept on the first pass, they serve
         # the forward and every backward (each with its own DoublePass).
-        fp = self.fp
-        if fp.double.get("P") is None:
+        fp, key = self.fp, ("P", hs.tobytes())
+        if key not in fp.double:
             pb = self.pb
-            parts = by_rows(_weight_rows, pb.H, pb.L, *fp.logit_parts, fp.unmasked, pb.additive, fp.M, self.s)
-            fp.double["P"] = Ball(*parts)
-        return fp.double["P"]
+            args = (*fp.logit_parts, fp.unmasked, pb.additive, fp.M)
+            parts = by_rows(_weight_rows, hs.size, pb.L, *(self._heads(a, hs) for a in args), self.s)
+            fp.double[key] = Ball(*parts)
+        return fp.double[key]
 
-    def _out(self) -> Ball:
-        fp = self.fp
-        if fp.double.get("out") is None:
-            fp.double["out"] = contract(self._P(), fp.Vh)
-        return fp.double["out"]
+    def _out(self, hs: np.ndarray) -> Ball:
+        fp, key = self.fp, ("out", hs.tobytes())
+        if key not in fp.double:
+            fp.double[key] = contract(self._P(hs), self._heads(fp.Vh, hs))
+        return fp.double[key]
 
-    def _dS(self) -> Ball:
-        if "dS" not in self._done:
-            pb, fp, G = self.pb, self.fp, self.G
-            D = balls.sum_last(balls.mul(balls.exact(G), self._out()))  # = sum_j P_ij dP_ij
-            parts = by_rows(_ds_rows, pb.H, pb.L, *self._P(), *fp.dP_parts, *D, fp.unmasked)
-            self._done["dS"] = Ball(*parts)
-        return self._done["dS"]
+    def _dS(self, hs: np.ndarray) -> Ball:
+        key = ("dS", hs.tobytes())
+        if key not in self._done:
+            pb, fp = self.pb, self.fp
+            # D_i = dO_i . O_i = sum_j P_ij dP_ij.
+            D = balls.sum_last(balls.mul(balls.exact(self._heads(self.G, hs)), self._out(hs)))
+            dP = (self._heads(a, hs) for a in fp.dP_parts)
+            parts = by_rows(_ds_rows, hs.size, pb.L, *self._P(hs), *dP, *D, self._heads(fp.unmasked, hs))
+            self._done[key] = Ball(*parts)
+        return self._done[key]
 
-    def _grad(self, which: str) -> Ball:
+    def _grad(self, which: str, bs: np.ndarray) -> Ball:
+        """Gradient ``which`` of the batch elements ``bs`` of its operand, summed over their copies."""
         pb, fp = self.pb, self.fp
-        cop = pb.copies(which)
+        cop = pb.copies(which)[bs]  # (n, c): the heads reading each element
+        hs = np.unique(cop)
+        local = np.searchsorted(hs, cop)  # the heads' places among hs
         n, c = cop.shape
         if which == "query":
-            X = Ball(*(_cat_cols(a, cop) for a in self._dS()))
+            X = Ball(*(_cat_cols(a, local) for a in self._dS(hs)))
             Y = fp.Kh[cop].reshape(n, c * pb.S, pb.E)
         elif which == "key":
-            X = Ball(*(_cat_rows_t(a, cop) for a in self._dS()))
+            X = Ball(*(_cat_rows_t(a, local) for a in self._dS(hs)))
             Y = fp.Qh[cop].reshape(n, c * pb.L, pb.E)
         else:
-            X = Ball(*(_cat_rows_t(a, cop) for a in self._P()))
+            X = Ball(*(_cat_rows_t(a, local) for a in self._P(hs)))
             Y = self.G[cop].reshape(n, c * pb.L, pb.Ev)
         out = contract(X, Y)
         return out if which == "value" else balls.finite(balls.mul(out, self.s))
 
     def enclose(self, which: str, flats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(hi, lo, rad) float64 enclosures of the elements ``flats`` of output ``which``."""
-        if which not in self._done:
-            self._done[which] = self._out() if which == "out" else self._grad(which)
-        whole = self._done[which]
-        return tuple(a.reshape(-1)[flats] for a in whole)  # type: ignore[return-value]
+        pb = self.pb
+        shape = (pb.H, pb.L, pb.Ev) if which == "out" else {"query": pb.Q, "key": pb.K, "value": pb.V}[which].shape
+        per = int(np.prod(shape[1:]))
+        flats = np.asarray(flats, dtype=np.int64)
+        bs = np.unique(flats // max(per, 1))
+        key = (which, bs.tobytes())
+        if key not in self._done:
+            self._done[key] = self._out(bs) if which == "out" else self._grad(which, bs)
+        at = np.searchsorted(bs, flats // max(per, 1)) * per + flats % max(per, 1)
+        return tuple(a.reshape(-1)[at] for a in self._done[key])  # type: ignore[return-value]

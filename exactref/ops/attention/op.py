@@ -63,14 +63,20 @@ _CPU_Q_SPLIT = 32  # its smallest q_split_size
 # outputs (and every output where longdouble is float64) get the double-double pass instead.
 _SECOND_PASS_MAX_P = 24
 
-Passes = tuple["second.SecondPass | DoublePass", Refiner]
+Passes = tuple[tuple["second.SecondPass | DoublePass", ...], Refiner]
 
 
 def _passes(pb: Problem, fp: FirstPass, G: np.ndarray | None, budget: float) -> Passes:
-    """The second pass that suits the output format, and the Arb refinement after it."""
-    if second.available() and pb.fmt.p <= _SECOND_PASS_MAX_P:
-        return second.SecondPass(pb, fp, G), Refiner(pb, fp, OP, G, budget, True)
-    return DoublePass(pb, fp, G), Refiner(pb, fp, OP, G, budget, True)
+    """The second passes that suit the output format, in order, and the Arb refinement after them.
+
+    A narrow result's few undecided elements go to the longdouble pass, and what it leaves (a
+    whole head's worth of Arb work for an element of grad_key, say) to the double-double pass,
+    for the heads they need; a float64 result goes straight to the double-double pass.
+    """
+    double = DoublePass(pb, fp, G)
+    seconds = (second.SecondPass(pb, fp, G), double) if second.available() and pb.fmt.p <= _SECOND_PASS_MAX_P \
+        else (double,)
+    return seconds, Refiner(pb, fp, OP, G, budget, True)
 
 
 class AttentionAlgorithm(enum.Enum):
@@ -215,9 +221,11 @@ def _decide(passes: Passes, which: str,
         zero = passes[1].structural_zeros(which, pending)
         rounded[pending[zero]], x_lo[pending[zero]], x_hi[pending[zero]] = 0.0, 0.0, 0.0
         pending = pending[~zero]
-    if pending.size:
-        # The second pass encloses the undecided elements again, far more tightly (_passes).
-        hi2, lo2, rad2 = passes[0].enclose(which, pending)
+    for later in passes[0]:
+        if not pending.size:
+            break
+        # Each second pass encloses the elements still undecided again, more tightly (_passes).
+        hi2, lo2, rad2 = later.enclose(which, pending)
         with np.errstate(invalid="ignore", over="ignore"):
             r2, ok2 = decide(hi2, lo2, rad2, fmt)
             mid = hi2 + lo2
