@@ -1,4 +1,5 @@
-"""The double-double pass's matrix product of a ball by an exact matrix, against Fractions."""
+"""The double-double pass: its product of a ball by an exact matrix against Fractions, its scale, and
+which heads it computes after the longdouble pass."""
 
 from __future__ import annotations
 
@@ -46,3 +47,28 @@ def test_the_scale_ball_holds_one_over_root_E(E):
         exact = 1 / mpmath.sqrt(E)
         assert abs(exact - mpmath.mpf(float(s.hi)) - mpmath.mpf(float(s.lo))) <= mpmath.mpf(float(s.rad))
     assert float(s.rad) < 2.0 ** -100
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_which_heads_the_double_pass_computes(monkeypatch, dtype):
+    # An output tie (q = 0: each output is the exact mean of v's column, 1 + 2**-24 in float32, a
+    # tie; exact in float64) that the longdouble pass leaves undecided: after it, the double-double
+    # pass leaves the output's rows to Arb, and computes no head.  A float64 result goes to it
+    # first, and it computes the head.
+    import exactref as er
+    from exactref.ops.attention import _double
+
+    heads = []
+    real = _double.DoublePass._P
+
+    def recording(self, hs):
+        heads.append(hs.tolist())
+        return real(self, hs)
+
+    monkeypatch.setattr(_double.DoublePass, "_P", recording)
+    q = np.zeros((1, 2, 4), dtype=dtype)
+    k = np.ones((2, 4), dtype=dtype)
+    v = np.array([[1.0], [1.0 + 2.0 ** -23]], dtype=dtype)
+    r = er.scaled_dot_product_attention(q, k, v)
+    assert r.rounded[0, 0, 0] == (1.0 if dtype == np.float32 else 1.0 + 2.0 ** -24)
+    assert heads == ([] if dtype == np.float32 else [[0]])

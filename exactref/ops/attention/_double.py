@@ -101,10 +101,15 @@ class DoublePass:
     pass a narrower one asks for a few, and only their heads are computed.
     """
 
-    def __init__(self, pb: Problem, fp: FirstPass, G: np.ndarray | None) -> None:
+    def __init__(self, pb: Problem, fp: FirstPass, G: np.ndarray | None, rows_too: bool = True) -> None:
         self.pb, self.fp, self.G = pb, fp, G
         self.s = scale_ball(pb.scale)
         self._done: dict[tuple, Ball] = {}
+        # False after the longdouble pass: what it leaves of the output or grad_query is few elements
+        # whose Arb work is a row each, far less than this pass's work on their heads (and an exact
+        # tie, which no precision decides, would cost a head's work here for nothing).  Elements of
+        # grad_key and grad_value need their whole heads either way, and in Arb at far more cost.
+        self.rows_too = rows_too
 
     def _heads(self, a: np.ndarray | None, hs: np.ndarray) -> np.ndarray | None:
         """The heads ``hs`` of a per-head array (itself, not a copy, when they are all of them)."""
@@ -160,8 +165,12 @@ class DoublePass:
         return out if which == "value" else balls.finite(balls.mul(out, self.s))
 
     def enclose(self, which: str, flats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(hi, lo, rad) float64 enclosures of the elements ``flats`` of output ``which``."""
+        """(hi, lo, rad) float64 enclosures of the elements ``flats`` of output ``which``
+        (radius inf for all of them where ``rows_too`` is False and ``which`` is "out" or "query")."""
         pb = self.pb
+        if not self.rows_too and which in ("out", "query"):
+            n = len(flats)
+            return np.zeros(n), np.zeros(n), np.full(n, np.inf)
         shape = (pb.H, pb.L, pb.Ev) if which == "out" else {"query": pb.Q, "key": pb.K, "value": pb.V}[which].shape
         per = int(np.prod(shape[1:]))
         flats = np.asarray(flats, dtype=np.int64)

@@ -69,13 +69,14 @@ Passes = tuple[tuple["second.SecondPass | DoublePass", ...], Refiner]
 def _passes(pb: Problem, fp: FirstPass, G: np.ndarray | None, budget: float) -> Passes:
     """The second passes that suit the output format, in order, and the Arb refinement after them.
 
-    A narrow result's few undecided elements go to the longdouble pass, and what it leaves (a
-    whole head's worth of Arb work for an element of grad_key, say) to the double-double pass,
-    for the heads they need; a float64 result goes straight to the double-double pass.
+    A narrow result's few undecided elements go to the longdouble pass, and what it leaves of
+    grad_key and grad_value (a whole head's worth of Arb work each) to the double-double pass, for
+    the heads they need; a float64 result goes straight to the double-double pass.
     """
-    double = DoublePass(pb, fp, G)
-    seconds = (second.SecondPass(pb, fp, G), double) if second.available() and pb.fmt.p <= _SECOND_PASS_MAX_P \
-        else (double,)
+    if second.available() and pb.fmt.p <= _SECOND_PASS_MAX_P:
+        seconds: tuple = (second.SecondPass(pb, fp, G), DoublePass(pb, fp, G, rows_too=False))
+    else:
+        seconds = (DoublePass(pb, fp, G),)
     return seconds, Refiner(pb, fp, OP, G, budget, True)
 
 
