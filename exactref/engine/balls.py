@@ -150,10 +150,11 @@ def sum_last(x: Ball) -> Ball:
 
 
 def constant(v: mpmath.mpf) -> tuple[float, float, float]:
-    """(hi, lo, rad) of a real computed by mpmath at 300 bits: hi + lo within rad of it."""
-    hi = float(v)
-    lo = float(v - hi)
-    rest = abs(v - hi - lo)
+    """(hi, lo, rad) of a real that the caller computed with mpmath at 300 bits: hi + lo within rad of it."""
+    with mpmath.workprec(300):  # (the differences too)
+        hi = float(v)
+        lo = float(v - hi)
+        rest = abs(v - hi - lo)
     # (2**-280 |v|: mpmath's own error at the 300 bits it works with.)
     return hi, lo, float(rest) * 2 + abs(hi) * 2.0 ** -280 + 2.0 ** -1074
 
