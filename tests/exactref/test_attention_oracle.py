@@ -249,11 +249,11 @@ def _enclosures_hold(oracle: Oracle, grad, seen) -> int:
     return sum(len(flats) for _, flats, *_ in seen)
 
 
-def _second_pass_holds(q, k, v, grad, kw, okw, pass_cls=second.SecondPass) -> int:
+def _second_pass_holds(q, k, v, grad, kw, okw, pass_cls=second.SecondPass, seen=None) -> int:
     """Send every element through a second pass (the longdouble one, or ``double.DoublePass``, for
     every output format) and check that each enclosure holds the oracle's value; returns how many
-    elements it enclosed."""
-    seen = []
+    elements it enclosed, and leaves the (which, flats, hi, lo, rad) it saw in ``seen``."""
+    seen = [] if seen is None else seen
     real = pass_cls.enclose
 
     def recording(self, which, flats):
@@ -353,7 +353,14 @@ def test_double_pass_encloses_and_decides_a_float64_case():
     assert len(sent) == 4 and sum(sent) == 0
 
 
-@pytest.mark.parametrize("size", ["huge_logits", "tiny_values", "wide"])
+# Which outputs must come out tight, not just sound.  Huge logits make each row's weights nearly
+# one-hot, so dS is an exponentially small difference of numbers near 1, which no double-double
+# resolves (grad_query and grad_key go on to Arb's split R + eps); values near 2**-1000 are below
+# what the error-free slicing handles (its radius is inf there), so everything goes on to Arb.
+_TIGHT = {"huge_logits": {"out", "value"}, "tiny_values": set(), "wide": {"out", "query", "key", "value"}}
+
+
+@pytest.mark.parametrize("size", list(_TIGHT))
 def test_double_pass_encloses_weights_that_underflow_and_values_near_underflow(size):
     # Logits hundreds apart (weights below 2**-1074, clamped below exp(-745)), values near 2**-1000
     # (whose products' low parts underflow) and a mix of magnitudes.
@@ -368,7 +375,12 @@ def test_double_pass_encloses_weights_that_underflow_and_values_near_underflow(s
     else:
         q *= 2.0 ** rng.integers(-30, 6, q.shape)
         v *= 2.0 ** rng.integers(-900, 300, v.shape)
-    _second_pass_holds(q, k, v, grad, {}, {}, pass_cls=double.DoublePass)
+    seen = []
+    assert _second_pass_holds(q, k, v, grad, {}, {}, pass_cls=double.DoublePass, seen=seen) == 4 * q.size
+    for which, _, hi, lo, rad in seen:
+        if which in _TIGHT[size]:
+            # Not by giving up: finite, and far inside a float64 ulp.
+            assert np.mean(rad <= 2.0 ** -70 * np.abs(hi)) >= 0.75, which
 
 
 def test_a_float64_output_near_a_midpoint_is_rounded_correctly():
