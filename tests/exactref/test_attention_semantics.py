@@ -296,8 +296,8 @@ def test_structural_zeros_counted_at_once_agree_term_by_term(monkeypatch, gqa):
     real = _certified.Refiner.structural_zeros
 
     def both(self, which, flat):
-        every = np.arange(math.prod(self._shape(which)))
-        b, r, c = np.unravel_index(every, self._shape(which))
+        every = np.arange(math.prod(self.pb.flat_shape(which)))
+        b, r, c = np.unravel_index(every, self.pb.flat_shape(which))
         counted = self._term_counts(which)[b, r, c] == 0
         np.testing.assert_array_equal(counted, self._zero_terms(which, b, r, c), err_msg=which)
         checked.append((which, int(counted.sum()), int((~counted).sum())))

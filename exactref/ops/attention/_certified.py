@@ -5,8 +5,8 @@ Three steps, cheapest first, for each undecided element:
 1. *Structural zeros.*  An element every term of which is exactly zero (a
    fully masked row, a zero column of V, a zero row of dO, ...) is +0.
 2. *Arb.*  The element is computed in Arb ball arithmetic from the exact
-   inputs, at 64 bits (128 after a second pass, which a 64-bit ball does
-   not beat), then at twice the precision until its ball rounds to
+   inputs, at 128 bits (every element has been through a second pass,
+   which a 64-bit ball does not beat), then at twice the precision until its ball rounds to
    one value (:func:`exactref.engine.certified.round_certified`).  The work
    is per head: the logits Q K^T and the products with V, dO, K and Q are
    ``arb_mat`` products; an element of grad_key or grad_value, which needs
@@ -225,14 +225,11 @@ class Refiner:
     """Decides the elements of attention's outputs that the first pass left undecided."""
 
     def __init__(self, pb: Problem, fp: FirstPass, op: str, G: np.ndarray | None,
-                 budget: float = DEFAULT_BUDGET, after_second: bool = False) -> None:
+                 budget: float = DEFAULT_BUDGET) -> None:
         self.pb, self.fp, self.op = pb, fp, op
         self.G = G  # the output gradient per head (H, L, Ev), or None for the forward
         # The work the Arb refinement of one output may do, in units of one exp at 64 bits (see _charge).
         self.budget = budget
-        # After a second pass (64-bit extended or double-double), a 64-bit Arb ball is no tighter:
-        # start higher.
-        self._after_second = after_second
         self._spent = 0.0
         self._start = START_PRECISION
         self._varies: dict[int, np.ndarray] = {}
@@ -247,13 +244,6 @@ class Refiner:
 
     # ------------------------------------------------------------------ shapes and names
 
-    def _shape(self, which: str) -> tuple[int, ...]:
-        pb = self.pb
-        if which == "out":
-            return (pb.H, pb.L, pb.Ev)
-        n = {"query": pb.Q, "key": pb.K, "value": pb.V}[which]
-        return n.shape
-
     def _user_shape(self, which: str) -> tuple[int, ...]:
         return self.pb.out_shape if which == "out" else self.pb.shapes[which]
 
@@ -267,8 +257,8 @@ class Refiner:
 
     def structural_zeros(self, which: str, flat: np.ndarray) -> np.ndarray:
         """Bool per flat index: every term of the element is exactly zero."""
-        b, r, c = np.unravel_index(flat, self._shape(which))
-        if flat.size * _ZERO_COUNTS >= math.prod(self._shape(which)):
+        b, r, c = np.unravel_index(flat, self.pb.flat_shape(which))
+        if flat.size * _ZERO_COUNTS >= math.prod(self.pb.flat_shape(which)):
             # Many elements (a float64 output leaves them all): every element's count of nonzero
             # terms at once, as products of 0/1 matrices, exact in float64 whatever the order.
             return self._term_counts(which)[b, r, c] == 0
@@ -326,7 +316,7 @@ class Refiner:
     def _arb_values(self, which: str, flats: list[int]) -> dict[int, flint.arb]:
         pb = self.pb
         # (Indices and heads as arrays, looked up once: a float64 output asks for every element.)
-        b, i, c = np.unravel_index(np.asarray(flats, dtype=np.int64), self._shape(which))
+        b, i, c = np.unravel_index(np.asarray(flats, dtype=np.int64), self.pb.flat_shape(which))
         cop = b[:, None] if which == "out" else pb.copies(which)[b]  # the heads each element sums over
         heads, count = (a.tolist() for a in np.unique(cop, return_counts=True))
         if which in ("out", "query"):
@@ -409,7 +399,7 @@ class Refiner:
         pb = self.pb
         out = {}
         for f in flats:
-            b, r, c = (int(x) for x in np.unravel_index(f, self._shape(which)))
+            b, r, c = (int(x) for x in np.unravel_index(f, self.pb.flat_shape(which)))
             if which == "out":
                 R, eps = self._split_out(b, r, c)
             else:
@@ -500,7 +490,7 @@ class Refiner:
 
     def _analyse(self, which: str, flat: int) -> tuple[str, Any]:
         pb, fp = self.pb, self.fp
-        b, r, c = (int(x) for x in np.unravel_index(flat, self._shape(which)))
+        b, r, c = (int(x) for x in np.unravel_index(flat, self.pb.flat_shape(which)))
         if which == "out":
             return self._analyse_out(b, r, c)
         heads = [int(h) for h in pb.copies(which)[b]]
@@ -649,7 +639,7 @@ class Refiner:
         """
         pb = self.pb
         f = (bits / 64) ** 1.5
-        b, r, _ = np.unravel_index(np.asarray(flats, dtype=np.int64), self._shape(which))
+        b, r, _ = np.unravel_index(np.asarray(flats, dtype=np.int64), self.pb.flat_shape(which))
         # (Distinct rows and heads counted by np.unique: a float64 output asks for every element.)
         if which == "out":
             rows = np.unique(b * pb.L + r).size
@@ -693,9 +683,9 @@ class Refiner:
         precision cap, and ReferenceBudgetError where deciding it would take
         more work than ``budget`` allows (so that no call runs for hours).
         """
-        # A float64 result needs more than 64 bits to be decided at all; after the 64-bit extended
-        # second pass, neither does a narrower one.
-        start = START_PRECISION if fmt.p <= 24 and not self._after_second else 2 * START_PRECISION
+        # Every element here has been through a second pass (64-bit extended or double-double,
+        # op._passes), which a 64-bit ball does not beat: start at twice that.
+        start = 2 * START_PRECISION
         self._start = start
         flats = np.asarray(flats, dtype=np.int64)
         decided: dict[int, Decision] = {}

@@ -23,6 +23,8 @@ Every output element gets an enclosure; an element whose radius is inf
 
 from __future__ import annotations
 
+import functools
+
 import mpmath
 import numpy as np
 
@@ -103,13 +105,17 @@ class DoublePass:
 
     def __init__(self, pb: Problem, fp: FirstPass, G: np.ndarray | None, rows_too: bool = True) -> None:
         self.pb, self.fp, self.G = pb, fp, G
-        self.s = scale_ball(pb.scale)
         self._done: dict[tuple, Ball] = {}
         # False after the longdouble pass: what it leaves of the output or grad_query is few elements
         # whose Arb work is a row each, far less than this pass's work on their heads (and an exact
         # tie, which no precision decides, would cost a head's work here for nothing).  Elements of
         # grad_key and grad_value need their whole heads either way, and in Arb at far more cost.
         self.rows_too = rows_too
+
+    @functools.cached_property
+    def s(self) -> Ball:
+        # (Only when needed: after the longdouble pass this pass usually has nothing to do.)
+        return scale_ball(self.pb.scale)
 
     def _heads(self, a: np.ndarray | None, hs: np.ndarray) -> np.ndarray | None:
         """The heads ``hs`` of a per-head array (itself, not a copy, when they are all of them)."""
@@ -171,8 +177,7 @@ class DoublePass:
         if not self.rows_too and which in ("out", "query"):
             n = len(flats)
             return np.zeros(n), np.zeros(n), np.full(n, np.inf)
-        shape = (pb.H, pb.L, pb.Ev) if which == "out" else {"query": pb.Q, "key": pb.K, "value": pb.V}[which].shape
-        per = int(np.prod(shape[1:]))
+        per = int(np.prod(pb.flat_shape(which)[1:]))
         flats = np.asarray(flats, dtype=np.int64)
         bs = np.unique(flats // max(per, 1))
         key = (which, bs.tobytes())

@@ -139,6 +139,13 @@ class Problem:
     def out_shape(self) -> tuple[int, ...]:
         return self.batch + (self.L, self.Ev)
 
+    def flat_shape(self, which: str) -> tuple[int, ...]:
+        """The shape the passes' flat indices of output ``which`` count in: (H, L, Ev) for "out",
+        the operand's own (flattened batch, rows, features) for a gradient."""
+        if which == "out":
+            return (self.H, self.L, self.Ev)
+        return {"query": self.Q, "key": self.K, "value": self.V}[which].shape
+
     def copies(self, which: str) -> np.ndarray:
         """(n_own, copies) head indices reading each batch element of operand ``which``."""
         idx = {"query": self.qi, "key": self.ki, "value": self.vi}[which]

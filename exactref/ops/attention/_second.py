@@ -300,7 +300,7 @@ class SecondPass:
         rad = np.full(n, np.inf)
         if n == 0:
             return hi, lo, rad
-        shape = (pb.H, pb.L, pb.Ev) if which == "out" else {"query": pb.Q, "key": pb.K, "value": pb.V}[which].shape
+        shape = pb.flat_shape(which)
         b, r, c = np.unravel_index(flats, shape)
         heads = b[:, None] if which == "out" else pb.copies(which)[b]  # (n, copies)
         values = np.zeros(n, dtype=LD)

@@ -77,7 +77,7 @@ def _passes(pb: Problem, fp: FirstPass, G: np.ndarray | None, budget: float) -> 
         seconds: tuple = (second.SecondPass(pb, fp, G), DoublePass(pb, fp, G, rows_too=False))
     else:
         seconds = (DoublePass(pb, fp, G),)
-    return seconds, Refiner(pb, fp, OP, G, budget, True)
+    return seconds, Refiner(pb, fp, OP, G, budget)
 
 
 class AttentionAlgorithm(enum.Enum):
