@@ -196,6 +196,68 @@ def test_first_pass_weights_bound_the_exact_softmax_beside_a_huge_logit(seed, bl
     assert (fp.e_P[0][rows] <= 1e-13 * fp.P[0][rows] + 1e-290).all()
 
 
+def _huge_close_rows(seed):
+    """(1, 1, 3, 2) q against (1, 1, 6, 2) k whose logits are all near 2**40 and within a few nats of each
+    other: every weight is O(1), and each logit's float64 rounding (about 2**-13) is far above _LOOSE."""
+    rng = np.random.default_rng(seed)
+    q = np.zeros((1, 1, 3, 2))
+    q[0, 0, :, 0] = 2.0 ** 20 * (1 + rng.integers(0, 8, 3) * 2.0 ** -30)
+    q[0, 0, :, 1] = rng.standard_normal(3)
+    k = np.zeros((1, 1, 6, 2))
+    k[0, 0, :, 0] = 2.0 ** 20 + rng.integers(-4, 5, 6) * 2.0 ** -20  # logits a few nats apart
+    k[0, 0, :, 1] = rng.standard_normal(6)
+    return q, k, rng.standard_normal((1, 1, 6, 3))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_pass_weights_bound_the_exact_softmax_when_every_logit_is_huge(seed):
+    # Each weight's upper bound must grow by e**ey (its logit's error) over the computed exp: here the
+    # weights are O(1), so a bound from the exp's own result alone would miss the exact weight.
+    import mpmath
+
+    from exactref.ops.attention import _first
+    from exactref.ops.attention._problem import read_problem
+    q, k, v = _huge_close_rows(seed)
+    fp = _first.FirstPass(read_problem(q, k, v, None, 0.0, False, None, False, "top_left"))
+    assert (fp.pi >= _first._LOOSE).all()  # every row takes the element-wise bounds
+    misses = 0
+    with mpmath.workprec(400):
+        s = 1 / mpmath.sqrt(2)
+        for i in range(3):
+            dots = [sum(Fraction(q[0, 0, i, c]) * Fraction(k[0, 0, j, c]) for c in range(2)) for j in range(6)]
+            x = [mpmath.mpf(d.numerator) / d.denominator * s for d in dots]
+            w = [mpmath.exp(t - max(x)) for t in x]
+            for j in range(6):
+                P = w[j] / mpmath.fsum(w)
+                assert P <= fp.P_up[0, i, j], (i, j, float(P), fp.P_up[0, i, j])
+                assert abs(fp.P[0, i, j] - P) <= fp.e_P[0, i, j], (i, j)
+                misses += P > fp.P[0, i, j] * (1 + 2.0 ** -40)
+    assert misses  # some exact weights lie well above the computed ones: the case tests the growth
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_loose_rows_bound_every_weight_its_logit_error_allows(seed):
+    # _loose_rows' lemma, at the edges of what its inputs allow: the exact weight exp(x - M) is any
+    # value with |(x - M) - y| <= ey, and w~ = exp(y) within rel.  Both ends, e**(y - ey) and
+    # e**(y + ey), must lie below wup and within err of w~ (the second pass's growth factor e**ey).
+    import mpmath
+
+    from exactref.ops.attention import _first
+    rng = np.random.default_rng(seed)
+    y = -np.concatenate([rng.uniform(0, 3, 60), rng.uniform(0, 700, 20), [0.0, 745.0, 800.0]])
+    ey = np.ldexp(1.0, rng.integers(-30, 1, y.size)).astype(np.float64)
+    w, rel = _first._exp_block(y)
+    eps = _first.expm1_up(ey) * (1 + rel) + rel
+    rows = np.array([0])
+    _, wup, err = _first._loose_rows(rows, w[None], rel[None], ey[None], eps[None], np.ones((1, y.size), bool))
+    with mpmath.workprec(200):
+        for j in range(y.size):
+            for end in (-1, 1):
+                exact = mpmath.exp(mpmath.mpf(y[j]) + end * mpmath.mpf(ey[j]))
+                assert exact <= wup[0, j], (j, end, y[j], ey[j])
+                assert abs(exact - mpmath.mpf(w[j])) <= err[0, j], (j, end, y[j], ey[j])
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_weights_recomputed_from_a_stored_logsumexp_stay_under_the_kernel_weight_bound(seed):
     # A fused backward recomputes each weight as exp(x~_ij - lse~_i) from the logsumexp its forward
