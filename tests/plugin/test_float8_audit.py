@@ -139,7 +139,11 @@ def test_broken_float8_kernels_fail_their_cells_with_shrunk_cases_that_replay(tm
     assert result.returncode == 1, text
     assert _rows(text, "matmul") == [("float8_e4m3fn", "forward", "FAIL")], text
     assert _rows(text, "scaled_matmul") == [("float8_e4m3fn", "forward", "FAIL")], text
-    assert "-- OutOfToleranceError in matmul\n" in text and "-- OutOfToleranceError in scaled_matmul\n" in text
+    # The dropped row scale shows as a value out of tolerance, or as an overflow to inf where the exact
+    # value is finite: which one the search meets first depends on its path (Hypothesis mixes the
+    # literals of the modules it finds local into its draws, so the path differs between checkouts).
+    assert "-- OutOfToleranceError in matmul\n" in text, text
+    assert re.search(r"-- (OutOfToleranceError|SpecialValueError) in scaled_matmul\n", text), text
     assert re.search(r"Inputs, exactly:\n  A: float8_e4m3fn \(\d, \d\) \[\[", text), text
     saved = {p: json.loads(p.read_text()) for p in sorted(regressions.glob("*.json"))}
     assert {(c["op"], c["format"], c["direction"]) for c in saved.values()} == \
@@ -165,7 +169,7 @@ def test_broken_float8_kernels_fail_their_cells_with_shrunk_cases_that_replay(tm
     namespace: dict = {}
     exec(compile(standalone_test(read_case(path)), str(path), "exec"), namespace)  # noqa: S102
     test = next(v for k, v in namespace.items() if k.startswith("test_"))
-    with pytest.raises(er.OutOfToleranceError):
+    with pytest.raises((er.OutOfToleranceError, er.SpecialValueError)):
         test()
 
 
