@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import exactref as er
+from exactref.engine.fast import up
 from exactref.formats import FLOAT32
 from exactref.ops.attention._split import Split, decide_split
 
@@ -211,8 +212,8 @@ def _huge_close_rows(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_first_pass_weights_bound_the_exact_softmax_when_every_logit_is_huge(seed):
-    # Each weight's upper bound must grow by e**ey (its logit's error) over the computed exp: here the
-    # weights are O(1), so a bound from the exp's own result alone would miss the exact weight.
+    # Every weight is O(1) and every logit errs by about 2**-13: the element-wise bounds must still
+    # hold the exact softmax, where a row-wise bound once went negative.
     import mpmath
 
     from exactref.ops.attention import _first
@@ -232,14 +233,58 @@ def test_first_pass_weights_bound_the_exact_softmax_when_every_logit_is_huge(see
                 assert P <= fp.P_up[0, i, j], (i, j, float(P), fp.P_up[0, i, j])
                 assert abs(fp.P[0, i, j] - P) <= fp.e_P[0, i, j], (i, j)
                 misses += P > fp.P[0, i, j] * (1 + 2.0 ** -40)
-    assert misses  # some exact weights lie well above the computed ones: the case tests the growth
+    assert misses  # some exact weights lie well above the computed ones, as the bounds must allow
+
+
+def _one_imprecise_logit(seed):
+    """(1, 1, 2, 2) q, (1, 1, 5, 2) k and a float64 additive mask, for the scale 0.3 (a float, so exact):
+    key 0's logit 0.3 (q . k) is near 2**38 and the mask takes it back to a few nats, so its float64
+    rounding (up to 2**-15, of either sign as k varies) stays in a logit of ordinary size, while the
+    other keys' logits are exact to 2**-50."""
+    rng = np.random.default_rng(seed)
+    q = np.zeros((1, 1, 2, 2))
+    q[0, 0, :, 0] = 2.0 ** 20
+    q[0, 0, :, 1] = rng.uniform(0.5, 1.5, 2)
+    k = np.zeros((1, 1, 5, 2))
+    k[0, 0, 0, 0] = 2.0 ** 20 * (1 + rng.integers(1, 2 ** 20) * 2.0 ** -40)
+    k[0, 0, 1:, 1] = rng.standard_normal(4)
+    mask = np.zeros((1, 1, 2, 5))
+    mask[0, 0, :, 0] = -float(k[0, 0, 0, 0] * 2.0 ** 20 * 0.3) + rng.uniform(-4, 0, 2)
+    return q, k, rng.standard_normal((1, 1, 5, 3)), mask
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_first_pass_weights_bound_the_exact_softmax_beside_one_imprecise_logit(seed):
+    # Rows whose worst logit error passes _LOOSE take element-wise bounds (_loose_rows, _loose_weights).
+    # Here that error sits in one weight of moderate size and the row's other weights are precise, so
+    # each of e_P's terms must carry its own part: the weight's own error (err / W) for key 0, and the
+    # row sum's error (A, in W_lo and dW) for the others.
+    import mpmath
+
+    from exactref.ops.attention import _first
+    from exactref.ops.attention._problem import read_problem
+    q, k, v, mask = _one_imprecise_logit(seed)
+    fp = _first.FirstPass(read_problem(q, k, v, mask, 0.0, False, 0.3, False, "top_left"))
+    assert (fp.pi >= _first._LOOSE).all()  # both rows take the element-wise bounds
+    with mpmath.workprec(400):
+        s = mpmath.mpf(0.3)
+        for i in range(2):
+            dots = [sum(Fraction(q[0, 0, i, c]) * Fraction(k[0, 0, j, c]) for c in range(2)) for j in range(5)]
+            x = [mpmath.mpf(d.numerator) / d.denominator * s + mpmath.mpf(mask[0, 0, i, j])
+                 for j, d in enumerate(dots)]
+            w = [mpmath.exp(t - max(x)) for t in x]
+            for j in range(5):
+                P = w[j] / mpmath.fsum(w)
+                assert P <= fp.P_up[0, i, j], (i, j, float(P), fp.P_up[0, i, j])
+                assert abs(fp.P[0, i, j] - P) <= fp.e_P[0, i, j], (i, j, float(abs(fp.P[0, i, j] - P)),
+                                                                    fp.e_P[0, i, j])
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_loose_rows_bound_every_weight_its_logit_error_allows(seed):
     # _loose_rows' lemma, at the edges of what its inputs allow: the exact weight exp(x - M) is any
     # value with |(x - M) - y| <= ey, and w~ = exp(y) within rel.  Both ends, e**(y - ey) and
-    # e**(y + ey), must lie below wup and within err of w~ (the second pass's growth factor e**ey).
+    # e**(y + ey), must lie below wup and within err of w~ (wup's growth factor e**ey is the point).
     import mpmath
 
     from exactref.ops.attention import _first
@@ -247,7 +292,7 @@ def test_loose_rows_bound_every_weight_its_logit_error_allows(seed):
     y = -np.concatenate([rng.uniform(0, 3, 60), rng.uniform(0, 700, 20), [0.0, 745.0, 800.0]])
     ey = np.ldexp(1.0, rng.integers(-30, 1, y.size)).astype(np.float64)
     w, rel = _first._exp_block(y)
-    eps = _first.expm1_up(ey) * (1 + rel) + rel
+    eps = up(_first.expm1_up(ey) * (1 + rel) + rel)  # as _Rows.logits computes it
     rows = np.array([0])
     _, wup, err = _first._loose_rows(rows, w[None], rel[None], ey[None], eps[None], np.ones((1, y.size), bool))
     with mpmath.workprec(200):
