@@ -5,7 +5,8 @@ the error model that describes PyTorch's algorithm on the device: the default
 model forward; PYTORCH_AUTOGRAD backward, which budgets the extra roundings
 of PyTorch's autograd formulas that the spec names (per-batch products
 rounded before broadcast copies are summed, alpha applied after the product
-is rounded); for attention, the class of the kernel that dispatch picks.
+is rounded); for attention, the class of the kernel that dispatch picks
+(the math path where an input or the output gradient holds NaN or inf).
 Float8: matmul forward, and scaled_matmul (``torch._scaled_mm``) under the
 options of the path torch takes for each case, found by running torch when
 the module is built (see ``_float8``).
@@ -51,16 +52,37 @@ def _sum(x: torch.Tensor, *, axis: Any = None, keepdims: bool = False) -> torch.
 
 def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
                **kwargs: Any) -> torch.Tensor:
-    # PyTorch's SDPA reads the mask's last two dims, so a 0-d or 1-d mask (which broadcasts to
-    # (L, S) all the same) is given them first; the values it holds do not change.
-    if attn_mask is not None and attn_mask.ndim < 2:
-        attn_mask = attn_mask.reshape((1,) * (2 - attn_mask.ndim) + tuple(attn_mask.shape))
     # The CPU fused kernel departs from the math path on NaN and inf inputs (a NaN logit passes
     # for a masked one, so its row comes out 0), and exactref's normal answer is the math path's:
     # special values are audited there.  The departures themselves are shown in
     # tests/exactref/test_audit_findings.py and docs/audit.md.
-    special = query.device.type == "cpu" and not all(bool(torch.isfinite(t).all()) for t in (query, key, value))
-    with sdpa_kernel(SDPBackend.MATH) if special else contextlib.nullcontext():
+    special = not all(bool(torch.isfinite(t).all()) for t in (query, key, value))
+    return _sdpa(query, key, value, attn_mask, special, **kwargs)
+
+
+def _attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad: torch.Tensor,
+                        attn_mask: Any = None, **kwargs: Any) -> dict[str, torch.Tensor]:
+    """Autograd through :func:`_attention`, through the math path also where ``grad`` holds NaN or inf.
+
+    The CPU fused kernel's backward forms D = rowsum(dO * O), the math path's sum_j P_ij dP_ij: with
+    an infinite dO and values of both signs the first is an infinity and the second NaN, so dS and
+    the gradients differ (tests/exactref/test_audit_findings.py).
+    """
+    leaves = [t.detach().clone().requires_grad_() for t in (query, key, value)]
+    special = not all(bool(torch.isfinite(t).all()) for t in (query, key, value, grad))
+    _sdpa(*leaves, attn_mask, special, **kwargs).backward(grad)
+    return {f"grad_{name}": t.grad if t.grad is not None else torch.zeros_like(t)
+            for name, t in zip(("query", "key", "value"), leaves)}
+
+
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, special: bool,
+          **kwargs: Any) -> torch.Tensor:
+    # PyTorch's SDPA reads the mask's last two dims, so a 0-d or 1-d mask (which broadcasts to
+    # (L, S) all the same) is given them first; the values it holds do not change.
+    if attn_mask is not None and attn_mask.ndim < 2:
+        attn_mask = attn_mask.reshape((1,) * (2 - attn_mask.ndim) + tuple(attn_mask.shape))
+    math = special and query.device.type == "cpu"
+    with sdpa_kernel(SDPBackend.MATH) if math else contextlib.nullcontext():
         return F.scaled_dot_product_attention(query, key, value, attn_mask, **kwargs)
 
 
@@ -225,7 +247,7 @@ def kernels(device: str = "cpu") -> dict[str, Any]:
         "add": {"forward": torch.add, "backward": "autograd", "backward_model": autograd},
         "multiply": {"forward": torch.mul, "backward": "autograd", "backward_model": autograd},
         "sum": {"forward": _sum, "backward": "autograd", "backward_model": autograd},
-        "scaled_dot_product_attention": {"forward": _attention, "backward": "autograd",
+        "scaled_dot_product_attention": {"forward": _attention, "backward": _attention_backward,
                                          "model": attention},
         "matrix_exp": {"forward": torch.linalg.matrix_exp, "backward": "autograd",
                        "known_failures": dict.fromkeys(_HALF, _MEXP_HALF_BUG)},

@@ -187,6 +187,34 @@ def test_cpu_fused_attention_swallows_a_nan_logit_and_exactref_says_so():
     assert torch.isnan(audited).all() and res.covers(audited).all()
 
 
+def test_cpu_fused_attention_backward_of_an_infinite_grad_and_exactref_says_so():
+    # Found by `exactref audit` (seed 2716312366): with dO = inf and values -2 and 1, the CPU fused
+    # backward's D = rowsum(dO * O) is -inf, where the math path's sum_j P_j dP_j is -inf + inf = NaN,
+    # so its grad_key is inf for the key of value 1 where the math path (exactref's normal answer)
+    # gives NaN.  The audited backward therefore takes the math path where the grad holds NaN or inf.
+    from exactref.backends.torch import EXACTREF_KERNELS
+
+    q, k, v = torch.ones(1, 1, 1, 1), torch.zeros(1, 1, 2, 1), torch.tensor([[[[-2.0], [1.0]]]])
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*leaves)
+    assert "Flash" in type(out.grad_fn).__name__
+    out.backward(torch.full((1, 1, 1, 1), INF))
+    fused_key = leaves[1].grad
+    assert torch.isnan(fused_key[0, 0, 0]).all() and fused_key[0, 0, 1].item() == INF
+    grads = er.scaled_dot_product_attention(q, k, v).backward(torch.full((1, 1, 1, 1), INF))
+    assert np.isnan(grads["grad_key"].normal).all() and not grads["grad_key"].covers(fused_key)[0, 0, 1].any()
+    audited = EXACTREF_KERNELS("cpu")["scaled_dot_product_attention"]["backward"](q, k, v, torch.full((1, 1, 1, 1), INF))
+    assert torch.isnan(audited["grad_key"]).all()
+    for name, got in audited.items():
+        assert grads[name].covers(got).all(), name
+    # A finite grad still goes through the kernel dispatch picks, bit for bit.
+    g = torch.tensor([[[[0.75]]]])
+    fused = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*fused).backward(g)
+    again = EXACTREF_KERNELS("cpu")["scaled_dot_product_attention"]["backward"](q, k, v, g)
+    assert all(torch.equal(again[f"grad_{n}"], t.grad) for n, t in zip(("query", "key", "value"), fused))
+
+
 def test_float64_matrix_exp_whose_entry_is_a_rounded_subnormal():
     # Half a float64 subnormal spacing is 0 in float64 itself: the model's underflow term had vanished,
     # leaving a tolerance of 0 on an entry that PyTorch rounds among the subnormals.
