@@ -166,30 +166,42 @@ def _huge_key_rows(seed):
     return q, k, rng.standard_normal((1, 1, 5, 3))
 
 
+def _check_weights_against_the_exact_softmax(fp, q, k, scale=None, mask=None) -> int:
+    """Assert P <= P_up and |P~ - P| <= e_P for every weight of the first pass ``fp`` of one head,
+    against the exact softmax (rational logits, mpmath at 400 bits); ``scale`` None is 1/sqrt(E).
+    Returns how many exact weights lie above P~ (1 + 2**-40)."""
+    import mpmath
+
+    L, S, E = q.shape[2], k.shape[2], q.shape[3]
+    above = 0
+    with mpmath.workprec(400):
+        s = 1 / mpmath.sqrt(E) if scale is None else mpmath.mpf(scale)
+        for i in range(L):
+            dots = [sum(Fraction(q[0, 0, i, c]) * Fraction(k[0, 0, j, c]) for c in range(E)) for j in range(S)]
+            x = [mpmath.mpf(d.numerator) / d.denominator * s + (0 if mask is None else mpmath.mpf(mask[0, 0, i, j]))
+                 for j, d in enumerate(dots)]
+            w = [mpmath.exp(t - max(x)) for t in x]
+            for j in range(S):
+                P = w[j] / mpmath.fsum(w)
+                assert P <= fp.P_up[0, i, j], (i, j, float(P), fp.P_up[0, i, j])
+                assert abs(fp.P[0, i, j] - P) <= fp.e_P[0, i, j], (i, j, float(abs(fp.P[0, i, j] - P)),
+                                                                    fp.e_P[0, i, j])
+                above += P > fp.P[0, i, j] * (1 + 2.0 ** -40)
+    return above
+
+
 @pytest.mark.parametrize("block", [None, 5])  # 5: a block per row, so rows past the first block count
 @pytest.mark.parametrize("seed", range(6))
 def test_first_pass_weights_bound_the_exact_softmax_beside_a_huge_logit(seed, block, monkeypatch):
     # Found by the audit: the row-wise bound P / (1 - pi) went negative when the huge logit's error
     # made pi >= 1, and the weights' upper bound P_up became ~1e-323; the models then budgeted nothing.
-    import mpmath
-
     from exactref.ops.attention._first import FirstPass
     from exactref.ops.attention._problem import read_problem
     if block is not None:
         monkeypatch.setattr("exactref.ops.attention._first._BLOCK", block)
     q, k, v = _huge_key_rows(seed)
     fp = FirstPass(read_problem(q, k, v, None, 0.0, False, None, False, "top_left"))
-    with mpmath.workprec(400):
-        s = 1 / mpmath.sqrt(2)  # the default scale 1/sqrt(E), exactly
-        for i in range(4):
-            dots = [sum(Fraction(q[0, 0, i, c]) * Fraction(k[0, 0, j, c]) for c in range(2)) for j in range(5)]
-            x = [mpmath.mpf(d.numerator) / d.denominator * s for d in dots]
-            top = max(x)
-            w = [mpmath.exp(t - top) for t in x]
-            for j in range(5):
-                P = w[j] / mpmath.fsum(w)
-                assert P <= fp.P_up[0, i, j], (i, j, float(P), fp.P_up[0, i, j])
-                assert abs(fp.P[0, i, j] - P) <= fp.e_P[0, i, j], (i, j)
+    _check_weights_against_the_exact_softmax(fp, q, k)
     # Where the huge logit's weight underflows, the others keep float64-sized bounds.
     huge = int(np.argmax(np.abs(k[0, 0, :, 0])))
     rows = fp.P[0, :, huge] == 0
@@ -214,26 +226,13 @@ def _huge_close_rows(seed):
 def test_first_pass_weights_bound_the_exact_softmax_when_every_logit_is_huge(seed):
     # Every weight is O(1) and every logit errs by about 2**-13: the element-wise bounds must still
     # hold the exact softmax, where a row-wise bound once went negative.
-    import mpmath
-
     from exactref.ops.attention import _first
     from exactref.ops.attention._problem import read_problem
     q, k, v = _huge_close_rows(seed)
     fp = _first.FirstPass(read_problem(q, k, v, None, 0.0, False, None, False, "top_left"))
     assert (fp.pi >= _first._LOOSE).all()  # every row takes the element-wise bounds
-    misses = 0
-    with mpmath.workprec(400):
-        s = 1 / mpmath.sqrt(2)
-        for i in range(3):
-            dots = [sum(Fraction(q[0, 0, i, c]) * Fraction(k[0, 0, j, c]) for c in range(2)) for j in range(6)]
-            x = [mpmath.mpf(d.numerator) / d.denominator * s for d in dots]
-            w = [mpmath.exp(t - max(x)) for t in x]
-            for j in range(6):
-                P = w[j] / mpmath.fsum(w)
-                assert P <= fp.P_up[0, i, j], (i, j, float(P), fp.P_up[0, i, j])
-                assert abs(fp.P[0, i, j] - P) <= fp.e_P[0, i, j], (i, j)
-                misses += P > fp.P[0, i, j] * (1 + 2.0 ** -40)
-    assert misses  # some exact weights lie well above the computed ones, as the bounds must allow
+    # Some exact weights lie well above the computed ones, as the bounds must allow.
+    assert _check_weights_against_the_exact_softmax(fp, q, k)
 
 
 def _one_imprecise_logit(seed):
@@ -259,25 +258,12 @@ def test_first_pass_weights_bound_the_exact_softmax_beside_one_imprecise_logit(s
     # Here that error sits in one weight of moderate size and the row's other weights are precise, so
     # each of e_P's terms must carry its own part: the weight's own error (err / W) for key 0, and the
     # row sum's error (A, in W_lo and dW) for the others.
-    import mpmath
-
     from exactref.ops.attention import _first
     from exactref.ops.attention._problem import read_problem
     q, k, v, mask = _one_imprecise_logit(seed)
     fp = _first.FirstPass(read_problem(q, k, v, mask, 0.0, False, 0.3, False, "top_left"))
     assert (fp.pi >= _first._LOOSE).all()  # both rows take the element-wise bounds
-    with mpmath.workprec(400):
-        s = mpmath.mpf(0.3)
-        for i in range(2):
-            dots = [sum(Fraction(q[0, 0, i, c]) * Fraction(k[0, 0, j, c]) for c in range(2)) for j in range(5)]
-            x = [mpmath.mpf(d.numerator) / d.denominator * s + mpmath.mpf(mask[0, 0, i, j])
-                 for j, d in enumerate(dots)]
-            w = [mpmath.exp(t - max(x)) for t in x]
-            for j in range(5):
-                P = w[j] / mpmath.fsum(w)
-                assert P <= fp.P_up[0, i, j], (i, j, float(P), fp.P_up[0, i, j])
-                assert abs(fp.P[0, i, j] - P) <= fp.e_P[0, i, j], (i, j, float(abs(fp.P[0, i, j] - P)),
-                                                                    fp.e_P[0, i, j])
+    _check_weights_against_the_exact_softmax(fp, q, k, scale=0.3, mask=mask)
 
 
 @pytest.mark.parametrize("seed", range(4))
