@@ -56,8 +56,7 @@ def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
     # for a masked one, so its row comes out 0), and exactref's normal answer is the math path's:
     # special values are audited there.  The departures themselves are shown in
     # tests/exactref/test_audit_findings.py and docs/audit.md.
-    special = not all(bool(torch.isfinite(t).all()) for t in (query, key, value))
-    return _sdpa(query, key, value, attn_mask, special, **kwargs)
+    return _sdpa(query, key, value, attn_mask, _any_special(query, key, value), **kwargs)
 
 
 def _attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad: torch.Tensor,
@@ -69,10 +68,13 @@ def _attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     the gradients differ (tests/exactref/test_audit_findings.py).
     """
     leaves = [t.detach().clone().requires_grad_() for t in (query, key, value)]
-    special = not all(bool(torch.isfinite(t).all()) for t in (query, key, value, grad))
-    _sdpa(*leaves, attn_mask, special, **kwargs).backward(grad)
+    _sdpa(*leaves, attn_mask, _any_special(query, key, value, grad), **kwargs).backward(grad)
     return {f"grad_{name}": t.grad if t.grad is not None else torch.zeros_like(t)
             for name, t in zip(("query", "key", "value"), leaves)}
+
+
+def _any_special(*tensors: torch.Tensor) -> bool:
+    return not all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, special: bool,

@@ -24,12 +24,12 @@ from typing import NamedTuple
 import mpmath
 import numpy as np
 
-from .fast import two_prod, two_sum, up
+# (_SPLIT_MAX: two_prod's split overflows from it on.)
+from .fast import _SPLIT_MAX, U64, two_prod, two_sum, up
 
 __all__ = ["Ball", "add", "constant", "div", "exact", "exp", "finite", "mul", "neg", "sum_last", "where"]
 
-U = 2.0 ** -53
-_SPLIT_MAX = 2.0 ** 995  # two_prod's split overflows at and above this
+U = U64
 
 
 class Ball(NamedTuple):

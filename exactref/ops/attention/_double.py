@@ -177,11 +177,11 @@ class DoublePass:
         if not self.rows_too and which in ("out", "query"):
             n = len(flats)
             return np.zeros(n), np.zeros(n), np.full(n, np.inf)
-        per = int(np.prod(pb.flat_shape(which)[1:]))
+        per = max(int(np.prod(pb.flat_shape(which)[1:])), 1)  # elements per batch element
         flats = np.asarray(flats, dtype=np.int64)
-        bs = np.unique(flats // max(per, 1))
+        bs = np.unique(flats // per)
         key = (which, bs.tobytes())
         if key not in self._done:
             self._done[key] = self._out(bs) if which == "out" else self._grad(which, bs)
-        at = np.searchsorted(bs, flats // max(per, 1)) * per + flats % max(per, 1)
+        at = np.searchsorted(bs, flats // per) * per + flats % per
         return tuple(a.reshape(-1)[at] for a in self._done[key])  # type: ignore[return-value]

@@ -207,14 +207,9 @@ def _decide(passes: Passes, which: str,
 
     Elements whose normal answer is a special value are not refined: the special value replaces them.
     """
-    hi, lo, rad = enclosure
-    with np.errstate(invalid="ignore", over="ignore"):
-        rounded, ok = decide(hi, lo, rad, fmt)
-        if special is not None:
-            ok = ok | (special.reshape(ok.shape) != 0)
-        mid = hi + lo
-        x_lo = next_down(next_down(mid) - rad)
-        x_hi = next_up(next_up(mid) + rad)
+    rounded, ok, x_lo, x_hi = _rounded_and_bounds(*enclosure, fmt)
+    if special is not None:
+        ok = ok | (special.reshape(ok.shape) != 0)
     rounded, x_lo, x_hi = (a.reshape(-1).copy() for a in (rounded, x_lo, x_hi))
     pending = np.flatnonzero(~ok.reshape(-1))
     if pending.size:
@@ -226,17 +221,23 @@ def _decide(passes: Passes, which: str,
         if not pending.size:
             break
         # Each second pass encloses the elements still undecided again, more tightly (_passes).
-        hi2, lo2, rad2 = later.enclose(which, pending)
-        with np.errstate(invalid="ignore", over="ignore"):
-            r2, ok2 = decide(hi2, lo2, rad2, fmt)
-            mid = hi2 + lo2
-            lo_b, hi_b = next_down(next_down(mid) - rad2), next_up(next_up(mid) + rad2)
+        r2, ok2, lo_b, hi_b = _rounded_and_bounds(*later.enclose(which, pending), fmt)
         done = pending[ok2]
         rounded[done], x_lo[done], x_hi[done] = r2[ok2], lo_b[ok2], hi_b[ok2]
         pending = pending[~ok2]
     for f, (r, lo, hi) in passes[1].refine(which, pending, fmt, presorted=True).items():
         rounded[f], x_lo[f], x_hi[f] = r, lo, hi
     return rounded, x_lo, x_hi
+
+
+def _rounded_and_bounds(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray, fmt: Format
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rounding of the enclosures hi + lo +- rad to ``fmt``, where it is decided, and float64
+    bounds x_lo <= exact <= x_hi (a float64 step out for the midpoint's rounding, one for the radius's)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        rounded, ok = decide(hi, lo, rad, fmt)
+        mid = hi + lo
+        return rounded, ok, next_down(next_down(mid) - rad), next_up(next_up(mid) + rad)
 
 
 _FLASH_HINT = ("The output is covered under FLASH_ATTENTION, the class of PyTorch's CPU fused kernel for half "
