@@ -142,11 +142,20 @@ def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if fmt.p == 53 and fmt.emin == -1022:
         return np.where(np.isinf(x), np.copysign(fmt.max_finite, x), x) if fmt.saturates else x.copy()
-    if fmt.cast_rounds:
-        # numpy's cast is one correct rounding (IEEE conversion, see Format.cast_rounds).
+    if fmt.cast_rounds and fmt.dtype.kind == "f":
+        # numpy's own cast (float32, float16) is one correct rounding (IEEE conversion, see
+        # Format.cast_rounds), and a vectorised loop.
         with np.errstate(over="ignore"):
             r = x.astype(fmt.dtype).astype(np.float64)
         return np.where(np.isinf(r), np.copysign(fmt.max_finite, r), r) if fmt.saturates else r
+    if x.size >= _BITS_MIN and fmt.signed and fmt.has_negative_zero:
+        # (ml_dtypes' casts, bfloat16's included, convert one element at a time: several times slower.)
+        return _round_bits(x, fmt)
+    return _round_general(x, fmt)
+
+
+def _round_general(x: np.ndarray, fmt: Format) -> np.ndarray:
+    """:func:`round_float64` for any format and any float64 values, by the exponent of each."""
     # Quantum (ulp) exponent of each element: max(exponent, emin) - (p - 1).
     _, ex = np.frexp(x)
     q = np.maximum(ex - 1, fmt.emin) - (fmt.p - 1)
@@ -164,6 +173,52 @@ def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
         # Every negative value is NaN here, one that rounds to -0 too (only a zero itself is 2**-127).
         r = np.where(x < 0, np.nan, r)
     return r
+
+
+_SIGN_OFF = np.uint64(0x7FFF_FFFF_FFFF_FFFF)
+_ONE = np.uint64(1)
+
+
+def _round_bits(x: np.ndarray, fmt: Format) -> np.ndarray:
+    """:func:`round_float64` for a signed format with negative zero, by integer arithmetic on the
+    bits of x, about ten passes over memory; the few values it does not cover take
+    :func:`_round_general`.
+
+    Where |x| is 0 or a normal value of ``fmt`` (at least 2**emin, below 2**(emax + 2)), the
+    rounding keeps the top p of float64's 53 significand bits: with d = 53 - p, adding
+    2**(d-1) - 1, plus the last kept bit, to the bits and clearing the low d bits rounds to
+    nearest, ties to even (a tie carries exactly when the last kept bit is 1).  A carry out of
+    the significand raises the exponent field by one, which is the rounding up to the next
+    power of two; below 2**(emax + 2) it cannot reach the sign bit or the all-ones exponent.  A
+    result above the largest finite value has overflowed; it, the values below 2**emin (whose
+    quantum is the format's smallest subnormal, not their own) and NaN and infinities are
+    rounded by :func:`_round_general`.  A zero keeps its sign: its bits only gain the bias.
+    """
+    d = 53 - fmt.p
+    b = x.view(np.uint64)
+    bits = np.right_shift(b, np.uint64(d))
+    np.bitwise_and(bits, _ONE, out=bits)
+    np.add(bits, np.uint64((1 << (d - 1)) - 1), out=bits)
+    np.add(bits, b, out=bits)
+    np.bitwise_and(bits, np.uint64(~((1 << d) - 1) & 0xFFFF_FFFF_FFFF_FFFF), out=bits)
+    r = bits.view(np.float64)
+    mag = np.bitwise_and(b, _SIGN_OFF)
+    top = mag.max(initial=0)
+    np.subtract(mag, _ONE, out=mag)  # (a zero wraps round to the largest value: it is covered)
+    big = math.ldexp(1.0, fmt.emax + 2)
+    if (top < _bits_of(big) and mag.min(initial=_bits_of(big)) >= _bits_of(fmt.min_normal) - 1
+            and r.max(initial=0.0) <= fmt.max_finite and r.min(initial=0.0) >= -fmt.max_finite):
+        return r
+    with np.errstate(invalid="ignore"):
+        magnitude = np.abs(x)
+        odd = ~(magnitude < big) | ((magnitude < fmt.min_normal) & (x != 0)) | ~(np.abs(r) <= fmt.max_finite)
+    r[odd] = _round_general(x[odd], fmt)
+    return r
+
+
+def _bits_of(value: float) -> int:
+    """The bits of a positive float64, as an integer: float64 values of one sign are ordered as these."""
+    return int(np.float64(value).view(np.uint64))
 
 
 def _encode(r: np.ndarray, fmt: Format) -> np.ndarray:
@@ -184,8 +239,18 @@ def _encode(r: np.ndarray, fmt: Format) -> np.ndarray:
 
 def to_dtype(x: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
     """Store float64 (or complex128) values that ``fmt`` represents exactly in ``fmt``'s dtype."""
+    x = np.asarray(x)
     with np.errstate(over="ignore"):
-        return np.asarray(x).astype(fmt.dtype)
+        if x.size >= _BITS_MIN and _within_float32(fmt):
+            # Exact both ways; ml_dtypes converts float32 several times faster than float64.
+            return x.astype(np.float32).astype(fmt.dtype)
+        return x.astype(fmt.dtype)
+
+
+def _within_float32(fmt: Format | ComplexFormat) -> bool:
+    """Whether ``fmt`` is an ml_dtypes format all of whose values float32 holds."""
+    return (fmt.dtype is not None and fmt.dtype.kind == "V" and fmt.p <= 24 and fmt.emax <= 127
+            and fmt.emin - fmt.p + 1 >= -149)
 
 
 def round_dyadic(n: int, e: int, fmt: Format, *, negative_zero: bool = False) -> float:

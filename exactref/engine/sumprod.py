@@ -452,15 +452,19 @@ def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.n
     """The rounding to ``fmt`` (p <= 51) of values in [low, high], and where both ends round alike."""
     if not fmt.cast_rounds or fmt.saturates:
         return decide(low, low, low, fmt, bounds=(low, high))
-    # numpy's cast to float32 or float16 is one correct rounding: compare in that format.
     with np.errstate(over="ignore", invalid="ignore"):
-        r_low, r_high = np.asarray(low).astype(fmt.dtype), np.asarray(high).astype(fmt.dtype)
+        if fmt.dtype.kind == "f":
+            # numpy's cast to float32 or float16 is one correct rounding: compare in that format.
+            r_low, r_high = np.asarray(low).astype(fmt.dtype), np.asarray(high).astype(fmt.dtype)
+        else:
+            # ml_dtypes' cast (bfloat16) converts one element at a time: round_float64 is the faster.
+            r_low, r_high = round_float64(low, fmt), round_float64(high, fmt)
         # Equal values of one sign are equal bits (for a small output the calls are the cost).  Two
         # NaNs of equal bits are not decided either: their bounds fail the sign test.
-        bits = np.dtype(f"u{fmt.dtype.itemsize}")
+        bits = np.dtype(f"u{r_low.dtype.itemsize}")
         same = r_low.view(bits) == r_high.view(bits)
         decided = same & ((low > 0) | (high < 0))
-    return r_high.astype(np.float64), decided
+    return r_high.astype(np.float64, copy=False), decided
 
 
 # The float64 bits of the exponent field, and the fast decision's range of |s|: [2**-960, 2**1000].

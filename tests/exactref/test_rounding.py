@@ -12,9 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import exactref as er
+from exactref import rounding
 from exactref.engine import sumprod
 from exactref.formats import FLOAT8_FORMATS, FORMATS
-from exactref.rounding import decide, round_dyadic, round_dyadic_down_up, round_float64
+from exactref.rounding import (
+    decide,
+    round_dyadic,
+    round_dyadic_down_up,
+    round_float64,
+    to_dtype,
+)
 
 from .oracle import FORMATS as ORACLE_FORMATS
 from .oracle import bits_equal, round_fraction
@@ -98,3 +105,107 @@ def test_decide_is_sound(name, mid, rad, lo):
 def test_decide_never_decides_an_enclosure_touching_zero():
     r, ok = decide(np.array([0.0, 1e-300]), np.array([0.0, 0.0]), np.array([0.0, 2e-300]), FORMATS["float32"])
     assert not ok.any()
+
+
+# A large array rounds through its bits (exactref.rounding._round_bits), the few values outside a
+# format's normal range through the exponent of each: both against the oracle, in one array.
+LARGE = 2048
+ORACLE_NAMES = [name for name in ORACLE_FORMATS if name != "float64"]
+
+
+def _hard_values(name: str) -> np.ndarray:
+    """Ties and their neighbours in every binade of the format, its overflow threshold, its
+    subnormals and the bottom of its normal range, zeros, infinities and NaN, of both signs."""
+    fmt = FORMATS[name]
+    out: list[float] = []
+    for e in range(fmt.emin - fmt.p, fmt.emax + 2):
+        ulp = math.ldexp(1.0, max(e, fmt.emin) - fmt.p + 1)
+        for m in (0, 1, 2, 3, (1 << (fmt.p - 1)) - 1, 1 << (fmt.p - 1), (1 << fmt.p) - 1):
+            base = math.ldexp(1.0, e) + m * ulp if e >= fmt.emin else m * ulp
+            tie = base + ulp / 2
+            out += [base, tie, math.nextafter(tie, -math.inf), math.nextafter(tie, math.inf), base + ulp / 4]
+    top = float(fmt.overflow_threshold)
+    out += [fmt.max_finite, top, math.nextafter(top, 0), math.nextafter(top, math.inf), 2 * top,
+            fmt.min_normal, math.nextafter(fmt.min_normal, 0), fmt.min_subnormal / 2, fmt.min_subnormal / 4,
+            0.0, math.inf, math.nan, 1e300, 1e-300]
+    x = np.array(out)
+    x = np.concatenate([x, -x])
+    return x[np.isnan(x) | (np.abs(x) < np.finfo(np.float64).max)]
+
+
+def _oracle(x: np.ndarray, name: str) -> np.ndarray:
+    def one(v: float) -> float:
+        if math.isnan(v):
+            return math.nan
+        if math.isinf(v):
+            return round_fraction(Fraction(math.copysign(2, v)) * Fraction(FORMATS[name].overflow_threshold), name)
+        return round_fraction(Fraction(v), name, negative_zero=math.copysign(1, v) < 0)
+    return np.array([one(float(v)) for v in x])
+
+
+@pytest.mark.parametrize("name", ORACLE_NAMES)
+def test_round_float64_of_a_large_array_matches_oracle_at_ties_and_edges(name):
+    x = _hard_values(name)
+    n = max(2 * LARGE, 2 * x.size)  # each value twice at least, at two places in the array
+    got = round_float64(np.resize(x, n), FORMATS[name])
+    want = _oracle(x, name)
+    assert bits_equal(got[:x.size], want)
+    assert bits_equal(got, np.resize(want, n))
+
+
+@pytest.mark.parametrize("name", ORACLE_NAMES)
+def test_round_float64_of_a_large_array_of_normal_values_needs_no_exponents(name, monkeypatch):
+    # The values of the normal range alone, ties among them: every one by its bits.
+    fmt = FORMATS[name]
+    x = _hard_values(name)
+    with np.errstate(invalid="ignore"):
+        x = x[(np.abs(x) >= fmt.min_normal) & (np.abs(x) < fmt.max_finite) | (x == 0)]
+    want = _oracle(x, name)
+    calls = []
+    general = rounding._round_general
+    monkeypatch.setattr(rounding, "_round_general", lambda *a: calls.append(a) or general(*a))
+    got = round_float64(np.resize(x, max(LARGE, x.size)), fmt)
+    assert bits_equal(got[:x.size], want)
+    if fmt.signed and fmt.has_negative_zero and not (fmt.cast_rounds and fmt.dtype.kind == "f"):
+        assert calls == []  # (numpy's own casts, float32's and float16's, are used as they are)
+
+
+@pytest.mark.parametrize("name", ORACLE_NAMES)
+def test_round_float64_of_a_large_array_overflows_as_the_oracle_does(name):
+    # Normal values and values about the overflow threshold, nothing else outside the normal range.
+    fmt = FORMATS[name]
+    x = _hard_values(name)
+    with np.errstate(invalid="ignore"):
+        x = x[(np.abs(x) >= fmt.min_normal) & (np.abs(x) < math.ldexp(1.0, fmt.emax + 2))]
+    assert (np.abs(x) > fmt.max_finite).any()
+    got = round_float64(np.resize(x, max(LARGE, x.size)), fmt)
+    assert bits_equal(got[:x.size], _oracle(x, name))
+
+
+@pytest.mark.parametrize("name", ORACLE_NAMES)
+@given(values=st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=16),
+       scale=st.sampled_from([1.0, 2.0 ** -100, 2.0 ** 100, 2.0 ** -20]))
+def test_round_float64_of_a_large_array_matches_oracle(name, values, scale):
+    with np.errstate(over="ignore"):
+        x = np.array(values) * scale
+    got = round_float64(np.resize(x, LARGE), FORMATS[name])
+    assert bits_equal(got[:x.size], _oracle(x, name))
+
+
+@pytest.mark.parametrize("name", [name for name, fmt in FORMATS.items()
+                                  if fmt.dtype is not None and fmt.dtype.kind == "V"])
+def test_to_dtype_stores_every_value_of_an_ml_dtypes_format(name):
+    # Every bit pattern, NaNs included: through float32 (a large array) as directly.
+    fmt = FORMATS[name]
+    width = np.dtype(f"u{fmt.dtype.itemsize}")
+    patterns = np.arange(1 << (8 * fmt.dtype.itemsize), dtype=np.int64).astype(width)
+    every = np.resize(patterns, max(patterns.size, LARGE)).view(fmt.dtype)
+    with np.errstate(invalid="ignore"):  # (the NaN patterns)
+        values = every.astype(np.float64)
+    stored = to_dtype(values, fmt)
+    assert stored.dtype == fmt.dtype and values.size >= LARGE
+    assert bits_equal(stored.astype(np.float64), values)
+    finite = ~np.isnan(values)
+    assert (stored.view(width)[finite] == every.view(width)[finite]).all()
+    # And each of them rounds to itself.
+    assert bits_equal(round_float64(values, fmt), values)
