@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._parallel import copy_array
+from ._parallel import copy_array, elementwise
 from .formats import (
     FLOAT8_FORMATS,
     FLOAT32,
@@ -415,4 +415,9 @@ def values_of(o: Operand, fmt: Format | ComplexFormat, *, copy: bool = True) -> 
     """
     if not fmt.is_complex and np.iscomplexobj(o.array):
         raise TypeError(f"{o.name} is complex but the result format {fmt.name} is real")
-    return np.asarray(o.array).astype(np.complex128 if fmt.is_complex else np.float64, copy=copy)
+    wide = np.complex128 if fmt.is_complex else np.float64
+    arr = np.asarray(o.array)
+    if arr.dtype != wide and arr.flags.c_contiguous:
+        # A large array is widened in blocks side by side (exactref/_parallel.py).
+        return elementwise(lambda block: (block.astype(wide),), arr)[0]
+    return arr.astype(wide, copy=copy)

@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _threads
 
-__all__ = ["copy_array", "copy_checked", "for_each", "for_each_slice", "serially", "width"]
+__all__ = ["copy_array", "copy_checked", "elementwise", "for_each", "for_each_slice", "serially", "width"]
 
 # At most this many threads, whatever the BLAS pool: each holds a block (a few MiB) at a time.
 _MAX_WIDTH = 8
@@ -175,3 +175,29 @@ def copy_checked(a: np.ndarray, check: Callable[[np.ndarray], bool]) -> tuple[np
         ok.append(check(dst[cut]))
     for_each_slice(block, a.size, _COPY_BLOCK)
     return out, all(ok)
+
+
+def elementwise(fn: Callable[..., tuple[np.ndarray, ...]], *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``fn(*arrays)`` for an elementwise ``fn`` of arrays of one shape, returning a tuple of arrays of
+    that shape: a large output computed in flat blocks side by side (the values are the same, since
+    each element is computed alone), each block's temporaries in cache."""
+    shape = arrays[0].shape
+    size = arrays[0].size
+    if size < 2 * _COPY_BLOCK or width() == 1 or any(a.shape != shape or not a.flags.c_contiguous for a in arrays):
+        return fn(*arrays)
+    flat = [a.reshape(-1) for a in arrays]
+    outs: list[np.ndarray] = []
+
+    def block(cut: slice) -> None:
+        res = fn(*(f[cut] for f in flat))
+        if not outs:
+            outs.extend(np.empty(size, dtype=r.dtype) for r in res)
+        for o, r in zip(outs, res):
+            o[cut] = r
+    # The first block's results make the outputs; the rest side by side.
+    for_each_slice(block, size, _ELEMENTWISE_BLOCK, first_alone=True)
+    return tuple(o.reshape(shape) for o in outs)
+
+
+# Elements per block of elementwise(): its float64 temporaries stay near 1 MiB each.
+_ELEMENTWISE_BLOCK = 1 << 17

@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from ._parallel import elementwise
 from .formats import ComplexFormat, Format
 
 __all__ = [
@@ -240,6 +241,13 @@ def _encode(r: np.ndarray, fmt: Format) -> np.ndarray:
 def to_dtype(x: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
     """Store float64 (or complex128) values that ``fmt`` represents exactly in ``fmt``'s dtype."""
     x = np.asarray(x)
+    if x.size >= _BITS_MIN and x.flags.c_contiguous:
+        # A large array in blocks side by side (exactref/_parallel.py).
+        return elementwise(lambda block: (_store(block, fmt),), x)[0]
+    return _store(x, fmt)
+
+
+def _store(x: np.ndarray, fmt: Format | ComplexFormat) -> np.ndarray:
     with np.errstate(over="ignore"):
         if x.size >= _BITS_MIN and _within_float32(fmt):
             # Exact both ways; ml_dtypes converts float32 several times faster than float64.

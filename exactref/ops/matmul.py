@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._convert import Operand, operand, values_of
+from .._parallel import elementwise
 from ..engine.fast import gamma, up
 from ..engine.sumprod import MatmulTerm, RowTerm, Solution, Term
 from ..formats import FLOAT8_FORMATS, FLOAT64, ComplexFormat, Format, part_of
@@ -44,8 +45,8 @@ from ..models._error_model import (
 from ..models._orders import tensor_core_of
 from ..models._running import DotSource, ordered_error, tensor_core_bound
 from ..models._tensor_core import check_tensor_core_inputs
-from ..rounding import round_float64
 from ..result import Gradients, Result
+from ..rounding import round_float64
 from ._coef import held, magnitude, read_coefficient, scalar_relative_error, scaled
 from ._common import (
     Op,
@@ -166,14 +167,18 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
             u, h = tin.unit_roundoff, tin.min_subnormal / 2
             E_in = (2 * u + u * u) * S + h * ((1 + u) * rows[0] + rows[1])
             S = S * (1 + 3 * u) + E_in
-        E_any = dot_error(S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
+        def any_order(S: np.ndarray) -> np.ndarray:
+            return dot_error(S, depth=depth, acc=acc, out=out, terms=n, underflow=underflow)
+
         if per_copy_rounding and copies > 1:
+            E_any = any_order(S)
             E = partials_error(S, copies=copies, per_copy_depth=per_copy, acc=acc, out=out)
             E = E + dot_error(S, depth=extra_depth + 1, acc=acc, out=out) if extra_depth else E
             # Kernels of the default's class belong to this class too: never a smaller tolerance.
             E = np.maximum(E, E_any)
             may_overflow = overflow_possible(S, acc, depth)
         elif declared(model) and dot is not None:
+            E_any = any_order(S)
             E, may_overflow, sens = _ordered_dot(dot, S, model, acc, out, n, exact, underflow, extra_depth, coef,
                                                  perturbed=tin is not None and not tin_exact)
             if tin is not None and not tin_exact:
@@ -185,8 +190,8 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
                 # (Not for a tensor core, whose steps truncate: its class is not float32's.)
                 E = np.minimum(E, E_any)
         else:
-            E = E_any
-            may_overflow = overflow_possible(S, acc, depth)
+            # Elementwise: a large output's blocks side by side (exactref/_parallel.py).
+            E, may_overflow = elementwise(lambda s: (any_order(s), overflow_possible(s, acc, depth)), S)
         inner = S / magnitude(coef) if coef not in (0, 1, -1) else S
         if coef not in (0, 1, -1):
             # The product may be formed before it is scaled by a small coefficient.

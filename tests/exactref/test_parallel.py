@@ -48,6 +48,12 @@ CASES = {  # each large enough to be cut into several blocks
     "matmul float64": lambda: er.matmul(rng.standard_normal((700, 300)), rng.standard_normal((300, 600))),
     "matmul float32": lambda: er.matmul(rng.standard_normal((900, 64)).astype(np.float32),
                                         rng.standard_normal((64, 800)).astype(np.float32)),
+    # Over 2**21 outputs: the tolerance, the widening of the inputs and the output's cast run in
+    # blocks too (exactref._parallel.elementwise).
+    "matmul float16, a large output": lambda: er.matmul(rng.standard_normal((1500, 8)).astype(np.float16),
+                                                        rng.standard_normal((8, 1400)).astype(np.float16)),
+    "matmul bfloat16, a large output": lambda: er.matmul(er.asarray(rng.standard_normal((1500, 8)), "bfloat16"),
+                                                         er.asarray(rng.standard_normal((8, 1400)), "bfloat16")),
     "sum float32, one long row": lambda: er.sum(rng.standard_normal(9 * 10**6).astype(np.float32)),
     "sum float32, rows": lambda: er.sum(rng.standard_normal((64, 1 << 17)).astype(np.float32), axis=1),
     "sum float64, one long row": lambda: er.sum(rng.standard_normal(5 * 10**6) * 2.0 ** rng.integers(-30, 30, 5 * 10**6)),
@@ -269,6 +275,25 @@ def test_attention_does_not_depend_on_the_threads(monkeypatch):
         grads = res.backward(g)
         return _fields(res) + [a for name in grads for a in _fields(grads[name])]
     _serial_then_shared(monkeypatch, [f"exactref.ops.attention.{m}" for m in ("_first", "_model", "_second")], run)
+
+
+def test_elementwise_blocks_make_the_whole_arrays(wide):
+    x = np.random.default_rng(3).standard_normal(5 * 419431)  # 2**21 + 3: 16 blocks and 3 values
+    seen: list[int] = []
+
+    def fn(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seen.append(v.size)
+        return v * 2, v > 0
+    doubled, positive = parallel.elementwise(fn, x.reshape(-1, 5))
+    assert doubled.shape == positive.shape == (x.size // 5, 5) and positive.dtype == bool
+    np.testing.assert_array_equal(doubled.reshape(-1), x * 2)
+    np.testing.assert_array_equal(positive.reshape(-1), x > 0)
+    # Cut into blocks, the last one short; a small array is passed whole.
+    block = parallel._ELEMENTWISE_BLOCK
+    assert sorted(seen) == [x.size % block] + [block] * (x.size // block)
+    seen.clear()
+    parallel.elementwise(fn, x[:100])
+    assert seen == [100]
 
 
 def test_the_blocked_copy_is_a_copy(wide):
