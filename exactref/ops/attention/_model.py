@@ -189,9 +189,15 @@ class _Weights:
         # Where a logit, q sqrt(s) or k sqrt(s) may overflow acc, NaN and inf are acceptable.
         big = acc.max_finite / 2
         with np.errstate(over="ignore", invalid="ignore"):
-            logit = s * fp.A * 2
-            # A masked logit counts too: the math path adds -inf to it, and inf - inf is NaN.
-            row = np.any(np.where(fp.unmasked, logit + m_abs >= big, logit >= big), axis=-1)
+            if pb.additive is None:
+                # Each logit's test, (s A) 2 >= big, is monotone in A: the largest A of the row (NaN
+                # passed over, as the test fails for it) decides it, in one pass instead of seven
+                # over (H, L, S) values on one thread.
+                row = s * np.fmax.reduce(fp.A, axis=-1, initial=0.0) * 2 >= big
+            else:
+                logit = s * fp.A * 2
+                # A masked logit counts too: the math path adds -inf to it, and inf - inf is NaN.
+                row = np.any(np.where(fp.unmasked, logit + m_abs >= big, logit >= big), axis=-1)
             qbig = sigma * np.max(np.abs(fp.Qh), axis=-1, initial=0.0) >= big
             kbig = np.any(sigma * np.max(np.abs(fp.Kh), axis=-1, initial=0.0) >= big, axis=-1)
         self.row_overflow = row | qbig | kbig[:, None]
@@ -313,7 +319,7 @@ def _backward_shared(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fw
                   bool(model.ds_in_input_format and half))
         e_S, dS_up = by_rows(_dS_bound_rows, pb.H, pb.L, fp.B, fp.dP, fp.e_dP, fp.P_up, rho, fp.unmasked,
                              fp.T, fp.e_T, fp.dS, fp.e_dS, e_Db, consts)
-        head_big = wts.row_overflow.any(axis=-1) | np.any(fp.B >= big, axis=(-1, -2))
+        head_big = wts.row_overflow.any(axis=-1) | (np.fmax.reduce(fp.B, axis=(-1, -2), initial=0.0) >= big)
         ds_over = None
         if consts[-1]:
             # dS rounded to the half format is inf where |dS~| reaches its range (item 5 above).
