@@ -175,7 +175,7 @@ def backward_cap(fp: FirstPass, wts, model, fmt: Format, E_fwd: np.ndarray, whic
             if model.weights_in_input_format and half:
                 Pk = np.where(fp.unmasked, Pk * (1 + u_o) + eta_o, 0.0)
             absG = fp.absG[cop].reshape(n_own, c * pb.L, pb.Ev)
-            exact = matmul_up(_cat_rows_t(np.minimum(fp.P_up, 1.0), cop), absG)
+            exact = matmul_up(_cat_rows_t(fp.P_up, cop), absG, of=lambda P: np.minimum(P, 1.0))
             kernel = (1 + gd) * matmul_up(_cat_rows_t(Pk, cop), absG) + 2 * depth * eta
         else:
             X, Y = (_cat_cols, fp.Kh) if which == "query" else (_cat_rows_t, fp.Qh)

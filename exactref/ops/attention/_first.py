@@ -25,6 +25,7 @@ whatever M's error.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import mpmath
 import numpy as np
@@ -158,8 +159,15 @@ def _sum_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return total, np.full(total.shape, up(U + gn * gn / (1 - gn) * 2))
 
 
-def matmul_up(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """An upper bound on A @ B for nonnegative A and B (float64 rounding and underflow included)."""
+def matmul_up(A: np.ndarray, B: np.ndarray, *, of: Callable[..., np.ndarray] | None = None,
+              more: tuple[np.ndarray, ...] = ()) -> np.ndarray:
+    """An upper bound on A @ B for nonnegative A and B (float64 rounding and underflow included).
+
+    With ``of``, an elementwise function with nonnegative values, the bound is on
+    ``of(A, *more) @ B`` (each array of ``more`` of A's shape): ``of`` is applied to each block
+    of rows as it is multiplied, the same values without a temporary of A's size, on one
+    thread, first.
+    """
     n = A.shape[-1]
     shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1])
     M = shape[-2]
@@ -168,7 +176,8 @@ def matmul_up(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
     def block(rows: slice) -> None:
         with np.errstate(over="ignore", invalid="ignore"):
-            out[..., rows, :] = up((A[..., rows, :] @ B) / (1 - g(n)) + n * TINY)
+            part = A[..., rows, :] if of is None else of(A[..., rows, :], *(m[..., rows, :] for m in more))
+            out[..., rows, :] = up((part @ B) / (1 - g(n)) + n * TINY)
     # Blocks of rows side by side (exactref/_parallel.py).  The blocks are fixed, so the values
     # do not depend on the threads; each block's bound holds whatever order its BLAS adds in.
     for_each_slice(block, M, step)

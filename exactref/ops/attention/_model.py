@@ -261,8 +261,9 @@ def forward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format
     n = S + wts.nb + 1
     gn = _g(n, u)
     with np.errstate(over="ignore", invalid="ignore"):
-        coef = fp.P_up * (wts.rho + (1 + wts.rho) * ((1 + u_p) * (1 + gn) - 1))
-        E = matmul_up(coef, fp.absV)
+        c = (1 + u_p) * (1 + gn) - 1
+        # coef = P_up (rho + (1 + rho) c), formed a block of rows at a time by matmul_up.
+        E = matmul_up(fp.P_up, fp.absV, of=lambda P, rho: P * (rho + (1 + rho) * c), more=(wts.rho,))
         E = E + ((eta_p + eta) * (1 + gn) * fp.colsumV)[:, None, :] + 2 * n * eta
         E = up(E * _SLACK)
         E = np.where(np.isfinite(E), E, np.inf)
@@ -355,10 +356,11 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             blocks = _blocks(L, model.grad_key_block)
             depth = L * c + blocks + 2
             gd = _g(depth, u)
-            coef = fp.P_up * (rho + (1 + rho) * ((1 + u_p) * (1 + gd) - 1))
+            grow = (1 + u_p) * (1 + gd) - 1
             absG = fp.absG[cop].reshape(n_own, c * L, Ev)
             Pcat = _cat_rows_t(fp.P_up, cop)
-            E = matmul_up(_cat_rows_t(coef, cop), absG)
+            # coef = P_up (rho + (1 + rho) grow), formed a block of rows at a time by matmul_up.
+            E = matmul_up(Pcat, absG, of=lambda P, r: P * (r + (1 + r) * grow), more=(_cat_rows_t(rho, cop),))
             colsumG = np.sum(absG, axis=-2)[:, None, :]
             E = E + (eta_p + eta) * (1 + gd) * colsumG + 2 * depth * eta
             bound = matmul_up(Pcat, absG)
@@ -371,8 +373,11 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             depth = rows * c + blocks + 6
             gd = _g(depth, u)
             absY = np.abs(Y)[cop].reshape(n_own, c * rows, pb.E)
-            E = s * matmul_up(X(e_S + gd * (dS_up + e_S), cop), absY) + 2 * depth * eta * (1 + s)
-            bound = s * matmul_up(X(dS_up + e_S, cop), absY)
+            # X(f(e_S, dS_up)) = f(X(e_S), X(dS_up)) for an elementwise f: matmul_up forms f a
+            # block of rows at a time.
+            Xe, Xd = X(e_S, cop), X(dS_up, cop)
+            E = s * matmul_up(Xe, absY, of=lambda e, d: e + gd * (d + e), more=(Xd,)) + 2 * depth * eta * (1 + s)
+            bound = s * matmul_up(Xd, absY, of=np.add, more=(Xe,))
             if wts.prescaled:
                 # The rounded pre-scaled operand multiplies dS too: u_in of each term, and its
                 # underflow eta_in / 2 times |dS| (item 4 above; c's rounding is in the depth's 6).
