@@ -164,9 +164,9 @@ def matmul_up(A: np.ndarray, B: np.ndarray, *, of: Callable[..., np.ndarray] | N
     """An upper bound on A @ B for nonnegative A and B (float64 rounding and underflow included).
 
     With ``of``, an elementwise function with nonnegative values, the bound is on
-    ``of(A, *more) @ B`` (each array of ``more`` of A's shape): ``of`` is applied to each block
-    of rows as it is multiplied, the same values without a temporary of A's size, on one
-    thread, first.
+    ``of(A, *more) @ B`` (each array of ``more`` of A's shape): each block of rows of A and of
+    ``more`` goes through ``of`` just before its product, on the block's thread, so the values
+    are those of ``matmul_up(of(A, *more), B)`` without a temporary of A's size.
     """
     n = A.shape[-1]
     shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1])
