@@ -143,14 +143,14 @@ def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if fmt.p == 53 and fmt.emin == -1022:
         return np.where(np.isinf(x), np.copysign(fmt.max_finite, x), x) if fmt.saturates else x.copy()
-    if fmt.cast_rounds and fmt.dtype.kind == "f":
-        # numpy's own cast (float32, float16) is one correct rounding (IEEE conversion, see
-        # Format.cast_rounds), and a vectorised loop.
+    if fmt.cast_rounds and (fmt.dtype.kind == "f" or x.size < _BITS_MIN):
+        # The cast is one correct rounding (IEEE conversion, see Format.cast_rounds): numpy's own
+        # (float32, float16) is a vectorised loop; ml_dtypes' (bfloat16) converts one element at
+        # a time, so a large array takes _round_bits instead.
         with np.errstate(over="ignore"):
             r = x.astype(fmt.dtype).astype(np.float64)
         return np.where(np.isinf(r), np.copysign(fmt.max_finite, r), r) if fmt.saturates else r
     if x.size >= _BITS_MIN and fmt.signed and fmt.has_negative_zero:
-        # (ml_dtypes' casts, bfloat16's included, convert one element at a time: several times slower.)
         return _round_bits(x, fmt)
     return _round_general(x, fmt)
 

@@ -453,11 +453,12 @@ def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.n
     if not fmt.cast_rounds or fmt.saturates:
         return decide(low, low, low, fmt, bounds=(low, high))
     with np.errstate(over="ignore", invalid="ignore"):
-        if fmt.dtype.kind == "f":
-            # numpy's cast to float32 or float16 is one correct rounding: compare in that format.
+        if fmt.dtype.kind == "f" or np.size(low) < 2048:
+            # The cast to float32, float16 or bfloat16 is one correct rounding: compare in that format.
             r_low, r_high = np.asarray(low).astype(fmt.dtype), np.asarray(high).astype(fmt.dtype)
         else:
-            # ml_dtypes' cast (bfloat16) converts one element at a time: round_float64 is the faster.
+            # ml_dtypes' cast (bfloat16) converts one element at a time: round_float64 is the faster
+            # for a large array.
             r_low, r_high = round_float64(low, fmt), round_float64(high, fmt)
         # Equal values of one sign are equal bits (for a small output the calls are the cost).  Two
         # NaNs of equal bits are not decided either: their bounds fail the sign test.
