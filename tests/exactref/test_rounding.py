@@ -137,7 +137,7 @@ def _oracle(x: np.ndarray, name: str) -> np.ndarray:
     def one(v: float) -> float:
         if math.isnan(v):
             return math.nan
-        if math.isinf(v):
+        if math.isinf(v):  # what a value far past the overflow threshold rounds to: inf, NaN or the largest
             return round_fraction(Fraction(math.copysign(2, v)) * Fraction(FORMATS[name].overflow_threshold), name)
         return round_fraction(Fraction(v), name, negative_zero=math.copysign(1, v) < 0)
     return np.array([one(float(v)) for v in x])
