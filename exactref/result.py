@@ -38,6 +38,7 @@ from .errors import (
 from .formats import FORMATS, ComplexFormat, Format, part_of
 from .rounding import (  # _ABS, _REL: the slack of below() and above(), which judge applies
     _ABS,
+    _BITS_MIN,
     _REL,
     _slack_into,
     above,
@@ -208,7 +209,7 @@ class Result:
         # flag: to_dtype's np.errstate, which a small op notices, is not needed but for its
         # faster way for a large output of an ml_dtypes format.
         joined = np.asarray(_join(parts))
-        self.rounded: np.ndarray = to_dtype(joined, fmt) if joined.size >= 2048 else joined.astype(fmt.dtype)
+        self.rounded: np.ndarray = to_dtype(joined, fmt) if joined.size >= _BITS_MIN else joined.astype(fmt.dtype)
         if len(parts) == 1:
             self.tolerance: np.ndarray = parts[0].tolerance
         else:

@@ -42,7 +42,8 @@ _NEG_INF = -np.inf
 _POS_INF = np.inf
 
 
-# Arrays at least this large step by integer arithmetic on their bits (see _step).
+# Arrays at least this large step and round by integer arithmetic on their bits (_step, _round_bits),
+# and are stored in an ml_dtypes format through float32 (to_dtype).
 _BITS_MIN = 2048
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from .._parallel import for_each_slice
 from ..formats import Format
 from ..rounding import (
+    _BITS_MIN,
     _slack_into,
     decide,
     enclosure_bounds,
@@ -453,7 +454,7 @@ def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.n
     if not fmt.cast_rounds or fmt.saturates:
         return decide(low, low, low, fmt, bounds=(low, high))
     with np.errstate(over="ignore", invalid="ignore"):
-        if fmt.dtype.kind == "f" or np.size(low) < 2048:
+        if fmt.dtype.kind == "f" or np.size(low) < _BITS_MIN:
             # The cast to float32, float16 or bfloat16 is one correct rounding: compare in that format.
             r_low, r_high = np.asarray(low).astype(fmt.dtype), np.asarray(high).astype(fmt.dtype)
         else:
