@@ -458,8 +458,7 @@ def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.n
             # The cast to float32, float16 or bfloat16 is one correct rounding: compare in that format.
             r_low, r_high = np.asarray(low).astype(fmt.dtype), np.asarray(high).astype(fmt.dtype)
         else:
-            # ml_dtypes' cast (bfloat16) converts one element at a time: round_float64 is the faster
-            # for a large array.
+            # ml_dtypes' cast (bfloat16) is slow: round_float64 is the faster for a large array.
             r_low, r_high = round_float64(low, fmt), round_float64(high, fmt)
         # Equal values of one sign are equal bits (for a small output the calls are the cost).  Two
         # NaNs of equal bits are not decided either: their bounds fail the sign test.
