@@ -29,6 +29,7 @@ from .formats import ComplexFormat, Format
 __all__ = [
     "above",
     "below",
+    "cast_is_faster",
     "decide",
     "enclosure_bounds",
     "next_down",
@@ -144,16 +145,24 @@ def round_float64(x: np.ndarray, fmt: Format) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if fmt.p == 53 and fmt.emin == -1022:
         return np.where(np.isinf(x), np.copysign(fmt.max_finite, x), x) if fmt.saturates else x.copy()
-    if fmt.cast_rounds and (fmt.dtype.kind == "f" or x.size < _BITS_MIN):
-        # The cast is one correct rounding (IEEE conversion, see Format.cast_rounds).  ml_dtypes'
-        # (bfloat16) is slow, 4.5 ms per 2**19 values against numpy's 0.9 ms into float16 (2
-        # cores): a large array takes _round_bits instead, at 0.3-0.6 ms.
+    if cast_is_faster(fmt, x.size):
         with np.errstate(over="ignore"):
             r = x.astype(fmt.dtype).astype(np.float64)
         return np.where(np.isinf(r), np.copysign(fmt.max_finite, r), r) if fmt.saturates else r
     if x.size >= _BITS_MIN and fmt.signed and fmt.has_negative_zero:
         return _round_bits(x, fmt)
     return _round_general(x, fmt)
+
+
+def cast_is_faster(fmt: Format, size: int) -> bool:
+    """Whether ``size`` values are best rounded to ``fmt`` by numpy's cast to its dtype.
+
+    The cast is one correct rounding where ``fmt.cast_rounds`` (IEEE conversion).  numpy's own
+    (float32, float16) is a vectorised loop; ml_dtypes' (bfloat16) is slow, 4.5 ms per 2**19
+    values against numpy's 0.9 ms into float16 (2 cores), so a large array takes
+    :func:`_round_bits` instead, at 0.3-0.6 ms, and a small one the cast's two numpy calls.
+    """
+    return fmt.cast_rounds and (fmt.dtype.kind == "f" or size < _BITS_MIN)
 
 
 def _round_general(x: np.ndarray, fmt: Format) -> np.ndarray:

@@ -24,8 +24,8 @@ import numpy as np
 from .._parallel import for_each_slice
 from ..formats import Format
 from ..rounding import (
-    _BITS_MIN,
     _slack_into,
+    cast_is_faster,
     decide,
     enclosure_bounds,
     next_down,
@@ -454,11 +454,10 @@ def _decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.n
     if not fmt.cast_rounds or fmt.saturates:
         return decide(low, low, low, fmt, bounds=(low, high))
     with np.errstate(over="ignore", invalid="ignore"):
-        if fmt.dtype.kind == "f" or np.size(low) < _BITS_MIN:
-            # The cast to float32, float16 or bfloat16 is one correct rounding: compare in that format.
+        if cast_is_faster(fmt, np.size(low)):
+            # The cast is one correct rounding: compare in that format.
             r_low, r_high = np.asarray(low).astype(fmt.dtype), np.asarray(high).astype(fmt.dtype)
         else:
-            # ml_dtypes' cast (bfloat16) is slow: round_float64 is the faster for a large array.
             r_low, r_high = round_float64(low, fmt), round_float64(high, fmt)
         # Equal values of one sign are equal bits (for a small output the calls are the cost).  Two
         # NaNs of equal bits are not decided either: their bounds fail the sign test.
