@@ -88,17 +88,10 @@ class MatmulTerm:
         X = self.A[..., cols][a_batch + (i, slice(None))]
         # Index B's columns through its transpose so that the advanced indices stay adjacent;
         # once the blocks of rows have gathered many columns, through a contiguous copy of it,
-        # kept while B is prepared: a strided column costs a cache line per value, but the
-        # transposing copy costs about as much as N such columns (9 ms against 0.6 ms for 60
-        # columns, float64 N = K = 1024), so only past N columns is the copy the cheaper.
-        BT = np.swapaxes(self.B, -1, -2)
-        if self.right is not None:
-            with self.right.lock:
-                self.right.gathered += idx.size
-                if self.right.BT is None and self.right.gathered > self.B.shape[-1]:
-                    self.right.BT = np.ascontiguousarray(BT)
-                if self.right.BT is not None:
-                    BT = self.right.BT
+        # kept while B is prepared (products.Right.transpose_for says when it pays).
+        BT = None if self.right is None else self.right.transpose_for(idx.size)
+        if BT is None:
+            BT = np.swapaxes(self.B, -1, -2)
         Y = BT[..., cols][b_batch + (j, slice(None))]
         K = X.shape[-1]
         return X.reshape(idx.size, K), Y.reshape(idx.size, K)

@@ -363,3 +363,58 @@ def test_right_prepares_b_the_same_in_blocks_of_columns(monkeypatch, scale):
         e1, e2 = whole.times(A), blocked.times(A)
     for name in ("hi", "lo", "rad", "S"):
         np.testing.assert_array_equal(getattr(e1, name), getattr(e2, name), err_msg=name)
+
+
+@pytest.mark.parametrize("shape", [(70, 5), (3, 32, 7), (2, 1, 33, 64), (0, 4), (5, 0), (31, 1)])
+def test_transposed_copy_is_the_transpose_in_every_band(shape):
+    # K (the second-to-last side) below, at and past one band, batch dimensions, empty sides.
+    B = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+    got = products._transposed(B)
+    assert got.flags.c_contiguous
+    assert np.array_equal(got, np.swapaxes(B, -1, -2))
+
+
+def test_right_reads_columns_from_b_until_a_quarter_of_them_are_asked_for():
+    B = np.random.default_rng(5).standard_normal((9, 40))
+    right = products.Right(B, narrow=True)
+    assert right.transpose_for(6) is None
+    assert right.transpose_for(4) is None  # 10 columns: a quarter of N, not more
+    BT = right.transpose_for(1)
+    assert BT is not None and np.array_equal(BT, B.T)
+    assert right.transpose_for(1) is BT  # made once
+    other = products.Right(B, narrow=True)
+    other.copying = True  # another block's thread is making the copy: read from B meanwhile
+    assert other.transpose_for(40) is None
+
+
+@pytest.mark.parametrize(("tie_rows", "tie_cols", "via_copy"), [(slice(0, None, 2), 24, True), (0, 2, False)])
+def test_undecided_elements_match_the_oracle_read_either_way(monkeypatch, tie_rows, tie_cols, via_copy):
+    # 2**24 +- 1 is a tie of float32: each such element is undecided by the float64 enclosure
+    # and rounded exactly from its gathered row and column.  Many of them (every column of the
+    # even rows) are read through B's transposed copy, two of them from B; the term k = 39 lies
+    # in the copy's second band.  The other elements are near-ties and random values.
+    from . import oracle
+
+    rng = np.random.default_rng(11)
+    A = np.zeros((2, 16, 40), dtype=np.float32)
+    B = np.zeros((2, 40, 24), dtype=np.float32)
+    A[..., 0] = 2.0 ** 24
+    A[:, tie_rows, 39] = 1.0
+    B[:, 0, :] = 1.0
+    B[:, 39, :tie_cols] = rng.choice([-1.0, 1.0], (2, tie_cols))
+    A[:, 1::2, 5:10] = rng.standard_normal((2, 8, 5)) * 2.0 ** -20
+    B[:, 5:10, :] = rng.standard_normal((2, 5, 24))
+    used = []
+    original = products.Right.transpose_for
+
+    def spy(self, count):
+        BT = original(self, count)
+        used.append(BT is not None)
+        return BT
+    monkeypatch.setattr(products.Right, "transpose_for", spy)
+    import exactref as er
+
+    res = er.matmul(A, B)
+    assert used and all(u == via_copy for u in used)
+    want = oracle.matmul(A.astype(np.float64), B.astype(np.float64), "float32")
+    assert bits_equal(res.rounded.astype(np.float64), want)
