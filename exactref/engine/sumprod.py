@@ -16,6 +16,7 @@ is not finite.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -37,7 +38,7 @@ from ..rounding import (
 from . import fast, products
 from .exact import exact_dot_rows, round_rows
 
-__all__ = ["MatmulTerm", "RowTerm", "Solution", "exact_values", "solve", "specials"]
+__all__ = ["MatmulTerm", "RowTerm", "Solution", "exact_values", "solve", "solve_in_blocks", "specials"]
 
 # Sums longer than this take the BLAS path even when they come as rows.
 _SHORT_ROW = 8
@@ -245,37 +246,58 @@ def solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
     A large output is solved in blocks of rows (axis -2), so that working
     memory is a few blocks' worth besides the result.
     """
+    whole: list[Solution] = []  # the one block's Solution, where the output makes one block
+    arrays: list[np.ndarray] = []  # otherwise the output's arrays, which the blocks fill in
+    undecided: list[int] = []  # appends are atomic: the order does not matter
+
+    def keep(sol: Solution, cut: tuple[slice, ...] | None) -> None:
+        if cut is None:
+            whole.append(sol)
+            return
+        for array, part in zip(arrays, (sol.rounded, sol.x_lo, sol.x_hi, sol.S)):
+            array[cut] = part
+        undecided.append(sol.undecided)
+    step = _rows_per_block(terms, shape)
+    if step is not None:
+        arrays.extend(np.empty(shape) for _ in range(4))
+    _blocks(terms, shape, fmt, keep, step)
+    return whole[0] if whole else Solution(*arrays, sum(undecided))
+
+
+def solve_in_blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
+                    finish: Callable[[Solution, tuple[slice, ...] | None], None]) -> None:
+    """:func:`solve`'s blocks of rows (axis -2), each handed to ``finish(sol, cut)`` on the thread
+    that solved it, right after it: ``sol`` is the block's Solution and
+    ``cut`` its place in ``shape`` (None where the whole output is one block).  ``finish`` must
+    write only its own block's part of any output.
+    """
+    _blocks(terms, shape, fmt, finish, _rows_per_block(terms, shape))
+
+
+def _blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
+            finish: Callable[[Solution, tuple[slice, ...] | None], None], step: int | None) -> None:
+    """:func:`solve_in_blocks` with its blocks' rows, ``step``, already known."""
     try:
-        return _solve(terms, shape, fmt)
+        if step is None:
+            finish(_solve_block(terms, shape, fmt), None)
+            return
+        axis = max(len(shape) - 2, 0)
+        for t in terms:
+            t.prepare()  # once, before the blocks share it
+
+        def block(rows: slice) -> None:
+            start, stop = rows.start, min(rows.stop, shape[axis])
+            sub = [t.rows(start, stop, shape) for t in terms]
+            cut = (slice(None),) * axis + (slice(start, stop),)
+            finish(_solve_block(sub, shape[:axis] + (stop - start,) + shape[axis + 1:], fmt), cut)
+
+        # The blocks are independent: side by side on the op's threads (exactref/_parallel.py).
+        for_each_slice(block, shape[axis], step)
     finally:
         # B's prepared slices are needed no more (the exact values use A and B alone).
         for t in terms:
             if isinstance(t, MatmulTerm):
                 t.right = None
-
-
-def _solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
-    step = _rows_per_block(terms, shape)
-    if step is None:
-        return _solve_block(terms, shape, fmt)
-    rounded, x_lo, x_hi, S = (np.empty(shape) for _ in range(4))
-    axis = max(len(shape) - 2, 0)
-    undecided: list[int] = []  # appends are atomic: the order does not matter
-    for t in terms:
-        t.prepare()  # once, before the blocks share it
-
-    def block(rows: slice) -> None:
-        start, stop = rows.start, min(rows.stop, shape[axis])
-        sub = [t.rows(start, stop, shape) for t in terms]
-        cut = (slice(None),) * axis + (slice(start, stop),)
-        sol = _solve_block(sub, shape[:axis] + (stop - start,) + shape[axis + 1:], fmt)
-        for whole, part in ((rounded, sol.rounded), (x_lo, sol.x_lo), (x_hi, sol.x_hi), (S, sol.S)):
-            whole[cut] = part
-        undecided.append(sol.undecided)
-
-    # The blocks are independent: side by side on the op's threads (exactref/_parallel.py).
-    for_each_slice(block, shape[axis], step)
-    return Solution(rounded, x_lo, x_hi, S, sum(undecided))
 
 
 def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:

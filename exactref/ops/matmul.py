@@ -208,6 +208,15 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
     return tolerance
 
 
+def _tolerance_is_elementwise(model: ErrorModel, rows: tuple[np.ndarray, np.ndarray] | None,
+                              overflow: np.ndarray | None, absolute: np.ndarray | float) -> bool:
+    """Whether :func:`_tolerance` with these arguments is elementwise in the Solution (``PartSpec.blockwise``):
+    the bound for any order (or for rounded partial products), without TF32's row sums, overflow
+    marks or an absolute term that is an array.  A large output is then judged block by block as
+    it is solved."""
+    return rows is None and not declared(model) and overflow is None and np.ndim(absolute) == 0
+
+
 def _is_zero(v: np.ndarray | float) -> bool:
     """Whether v is the Python number 0 (not an array), whose addition can be skipped."""
     return isinstance(v, (int, float)) and v == 0
@@ -375,7 +384,10 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, rows=rows, overflow=scaled_overflow,
                      coef=alpha if use_ab and c is not None else 1.0, absolute=scaled_underflow + vanished,
                      dot=dot, tin_exact=tin_exact)
-    specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
+    absolute = scaled_underflow + vanished
+    blockwise = not fmt.is_complex and _tolerance_is_elementwise(model, rows, scaled_overflow, absolute)
+    specs = [PartSpec(t, special_terms[p] if special_terms else None, tol, blockwise)
+             for p, t in enumerate(exact_terms)]
 
     def backward(grad: Any) -> Gradients:
         # The forward has checked that A and B are finite: the backward need only check grad.
@@ -514,7 +526,9 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
                      per_copy_rounding=rounded_partials, overflow=inner_overflow, coef=coef, absolute=absolute,
                      stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)), dot=dot,
                      rows=rows, tin_exact=tin_exact)
-    specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
+    blockwise = not fmt.is_complex and _tolerance_is_elementwise(model, rows, inner_overflow, absolute)
+    specs = [PartSpec(t, special_terms[p] if special_terms else None, tol, blockwise)
+             for p, t in enumerate(exact_terms)]
     typical = _typical(dot, fin, model) if coef == 1 and not rounded_partials and rows is None else None
     return build(f"{op}.backward {name}", fmt, Xf.shape[:-2] + (Xf.shape[-2], Yf.shape[-1]), specs, model,
                  out_shape=shape, typical=typical)
@@ -552,7 +566,8 @@ def _grad_scaled_sum(op: str, G: np.ndarray, shape: tuple[int, ...], coef: float
             may_overflow = may_overflow | overflow_possible(sol.S, fin, copies)
         return E + rel * sol.S, may_overflow
 
-    specs = [PartSpec(t, special_terms[p] if special_terms else None, tol) for p, t in enumerate(exact_terms)]
+    specs = [PartSpec(t, special_terms[p] if special_terms else None, tol, not fmt.is_complex)
+             for p, t in enumerate(exact_terms)]
     return build(f"{op}.backward grad_C", fmt, tuple(shape), specs, model)
 
 

@@ -305,3 +305,53 @@ def test_blocked_paths_agree_with_the_oracle(dtype, tiny_blocks):
         assert F(float(got._parts[0].x_lo[i])) <= exact <= F(float(got._parts[0].x_hi[i]))
     got = er.sum(x[:, :1], axis=0)  # a sum of one term per row, in blocks
     assert oracle.bits_equal(got.rounded.astype(np.float64), x[0, :1].astype(np.float64))
+
+
+_PART_FIELDS = ("rounded", "x_lo", "x_hi", "lo", "hi", "nan_ok", "special_ok", "tolerance")
+
+
+def _fields(res) -> list[np.ndarray]:
+    results = [res] if isinstance(res, er.Result) else [res[name] for name in sorted(res)]
+    return [np.asarray(getattr(p, n)) for r in results for p in r._parts for n in _PART_FIELDS]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_judging_each_block_as_it_is_solved_gives_every_field_of_judging_the_whole(dtype, tiny_blocks,
+                                                                                 monkeypatch):
+    # An elementwise tolerance (PartSpec.blockwise) lets build judge each block of rows on the
+    # thread that solved it: in blocks of 5 elements, judged 3 at a time, the leading axis is the
+    # rows' own (2-D outputs, 1-D sums) or a batch axis over them.  Against the same ops with the
+    # flag off (the whole output solved, then its tolerance, then judged), bit for bit.
+    import dataclasses
+    import importlib
+
+    from exactref.ops import _common
+
+    rng = np.random.default_rng(21)
+    A, B, G = _hard(rng, (9, 12), dtype), _hard(rng, (12, 7), dtype), _hard(rng, (9, 7), dtype)
+    Ab, Bb, Gb = _hard(rng, (3, 4, 6), dtype), _hard(rng, (6, 5), dtype), _hard(rng, (3, 4, 5), dtype)
+    C = _hard(rng, (7,), dtype)
+    x, y = _hard(rng, (23, 3), dtype), _hard(rng, (3, 4, 10), dtype)
+    calls = [lambda: er.matmul(A, B), lambda: er.matmul.backward(A, B, G), lambda: er.matmul(Ab, Bb),
+             lambda: er.matmul.backward(Ab, Bb, Gb), lambda: er.gemm.backward(A, B, C, G, beta=2.0),
+             lambda: er.sum(x, axis=1), lambda: er.sum(y, axis=2), lambda: er.sum(y, axis=0)]
+    fused = []
+    original = _common._solve_judged
+    monkeypatch.setattr(_common, "_solve_judged", lambda *a: fused.append(a[1]) or original(*a))
+    blockwise = [_fields(call()) for call in calls]
+    assert len(fused) == 12  # every part: the backwards have two gradients each, gemm.backward three
+
+    build = _common.build
+
+    def whole(op, fmt, shape, specs, *args, **kwargs):
+        return build(op, fmt, shape, [dataclasses.replace(s, blockwise=False) for s in specs], *args, **kwargs)
+    for name in ("exactref.ops.matmul", "exactref.ops.reduction"):
+        monkeypatch.setattr(importlib.import_module(name), "build", whole)
+    fused.clear()
+    for call, want in zip(calls, blockwise):
+        got = _fields(call())
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            assert np.array_equal(g.view(np.uint8), w.view(np.uint8))
+    assert not fused
