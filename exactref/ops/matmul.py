@@ -208,13 +208,20 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
     return tolerance
 
 
-def _tolerance_is_elementwise(model: ErrorModel, rows: tuple[np.ndarray, np.ndarray] | None,
-                              overflow: np.ndarray | None, absolute: np.ndarray | float) -> bool:
-    """Whether :func:`_tolerance` with these arguments is elementwise in the Solution (``PartSpec.blockwise``):
-    the bound for any order (or for rounded partial products), without TF32's row sums, overflow
-    marks or an absolute term that is an array.  A large output is then judged block by block as
-    it is solved."""
-    return rows is None and not declared(model) and overflow is None and np.ndim(absolute) == 0
+def _blockwise(fmt: Format | ComplexFormat, model: ErrorModel, rows: tuple[np.ndarray, np.ndarray] | None,
+               overflow: np.ndarray | None, absolute: np.ndarray | float) -> bool:
+    """Whether a large output is judged block by block as it is solved (``PartSpec.blockwise``).
+
+    That needs :func:`_tolerance` with these arguments to be elementwise in the Solution: the bound
+    for any order (or for rounded partial products), without TF32's row sums, overflow marks or an
+    absolute term that is an array, of a real output.  And it needs narrow operands: float64 ones
+    keep B's five slices (products.Right) until every block is solved, and the output's six
+    float64 arrays beside them took a float64 2048**3 matmul's peak memory from 3.8 to 4.4 times
+    its inputs and output (benchmarks/bench_matmul.py), past issue 12's 4.  Judged after solving,
+    the output's arrays come when the slices are gone.
+    """
+    return (not fmt.is_complex and 2 * part_of(fmt).p <= 53 and rows is None and not declared(model)
+            and overflow is None and np.ndim(absolute) == 0)
 
 
 def _is_zero(v: np.ndarray | float) -> bool:
@@ -384,8 +391,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     tol = _tolerance(fin, fin, n, model, extra_depth=extra, relative=rel, rows=rows, overflow=scaled_overflow,
                      coef=alpha if use_ab and c is not None else 1.0, absolute=scaled_underflow + vanished,
                      dot=dot, tin_exact=tin_exact)
-    absolute = scaled_underflow + vanished
-    blockwise = not fmt.is_complex and _tolerance_is_elementwise(model, rows, scaled_overflow, absolute)
+    blockwise = _blockwise(fmt, model, rows, scaled_overflow, scaled_underflow + vanished)
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol, blockwise)
              for p, t in enumerate(exact_terms)]
 
@@ -526,7 +532,7 @@ def _grad_product(op: str, name: str, X: np.ndarray, Y: np.ndarray, own: tuple[i
                      per_copy_rounding=rounded_partials, overflow=inner_overflow, coef=coef, absolute=absolute,
                      stored=model.autograd_roundings and (rounded_partials or coef not in (1, -1)), dot=dot,
                      rows=rows, tin_exact=tin_exact)
-    blockwise = not fmt.is_complex and _tolerance_is_elementwise(model, rows, inner_overflow, absolute)
+    blockwise = _blockwise(fmt, model, rows, inner_overflow, absolute)
     specs = [PartSpec(t, special_terms[p] if special_terms else None, tol, blockwise)
              for p, t in enumerate(exact_terms)]
     typical = _typical(dot, fin, model) if coef == 1 and not rounded_partials and rows is None else None
