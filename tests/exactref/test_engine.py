@@ -12,10 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import exactref as er
 from exactref.engine import fast, products, sumprod
 from exactref.engine.exact import exact_dot_rows, round_rows
 from exactref.formats import FORMATS
 
+from . import oracle
 from .oracle import bits_equal, round_fraction
 
 F = Fraction
@@ -393,8 +395,6 @@ def test_undecided_elements_match_the_oracle_read_either_way(monkeypatch, tie_ro
     # and rounded exactly from its gathered row and column.  Many of them (every column of the
     # even rows) are read through B's transposed copy, two of them from B; the term k = 39 lies
     # in the copy's second band.  The other elements are near-ties and random values.
-    from . import oracle
-
     rng = np.random.default_rng(11)
     A = np.zeros((2, 16, 40), dtype=np.float32)
     B = np.zeros((2, 40, 24), dtype=np.float32)
@@ -412,8 +412,6 @@ def test_undecided_elements_match_the_oracle_read_either_way(monkeypatch, tie_ro
         used.append(BT is not None)
         return BT
     monkeypatch.setattr(products.Right, "transpose_for", spy)
-    import exactref as er
-
     res = er.matmul(A, B)
     assert used and all(u == via_copy for u in used)
     want = oracle.matmul(A.astype(np.float64), B.astype(np.float64), "float32")

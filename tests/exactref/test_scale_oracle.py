@@ -11,6 +11,8 @@ ties, near-ties, exact zeros and massive cancellation planted in the data.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import tracemalloc
 from fractions import Fraction
 
@@ -19,7 +21,9 @@ import pytest
 
 import exactref as er
 from exactref import _convert as convert_module
+from exactref import _parallel
 from exactref.engine import sumprod as sumprod_module
+from exactref.ops import _common
 
 from .oracle import round_fraction
 
@@ -322,11 +326,6 @@ def test_judging_each_block_as_it_is_solved_gives_every_field_of_judging_the_who
     # thread that solved it: in blocks of 5 elements, judged 3 at a time, the leading axis is the
     # rows' own (2-D outputs, 1-D sums) or a batch axis over them.  Against the same ops with the
     # flag off (the whole output solved, then its tolerance, then judged), bit for bit.
-    import dataclasses
-    import importlib
-
-    from exactref.ops import _common
-
     rng = np.random.default_rng(21)
     A, B, G = _hard(rng, (9, 12), dtype), _hard(rng, (12, 7), dtype), _hard(rng, (9, 7), dtype)
     Ab, Bb, Gb = _hard(rng, (3, 4, 6), dtype), _hard(rng, (6, 5), dtype), _hard(rng, (3, 4, 5), dtype)
@@ -364,8 +363,6 @@ def test_a_float64_2048_cubed_matmul_peaks_below_four_times_its_inputs_and_outpu
     # two threads: the blocks in flight at once set the peak.  B's five slices live while the blocks
     # are solved; judging each block as it is solved would put the output's six arrays beside them
     # (4.4 times).
-    from exactref import _parallel
-
     monkeypatch.setattr(_parallel, "_MAX_WIDTH", 2)
     n = 2048
     rng = np.random.default_rng(4)
