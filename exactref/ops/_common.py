@@ -182,7 +182,9 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
     out_shape = shape if out_shape is None else out_shape
     pfmt = part_of(fmt)
     solved = []
-    if len(specs) == 1 and specs[0].blockwise and specs[0].special_terms is None and via is None:
+    # (An output of one judging block gains nothing: it keeps the steps' plain order, at less cost.)
+    if (len(specs) == 1 and specs[0].blockwise and specs[0].special_terms is None and via is None
+            and math.prod(shape) > _JUDGE_BLOCK):
         parts = [_solve_judged(specs[0], shape, pfmt)]
         specs_left: list[PartSpec] = []
     else:

@@ -221,7 +221,7 @@ def _blockwise(fmt: Format | ComplexFormat, model: ErrorModel, rows: tuple[np.nd
     the output's arrays come when the slices are gone.
     """
     return (not fmt.is_complex and 2 * part_of(fmt).p <= 53 and rows is None and not declared(model)
-            and overflow is None and np.ndim(absolute) == 0)
+            and overflow is None and not isinstance(absolute, np.ndarray))
 
 
 def _is_zero(v: np.ndarray | float) -> bool:
