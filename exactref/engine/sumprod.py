@@ -246,22 +246,22 @@ def solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
     A large output is solved in blocks of rows (axis -2), so that working
     memory is a few blocks' worth besides the result.
     """
-    whole: list[Solution] = []  # the one block's Solution, where the output makes one block
-    arrays: list[np.ndarray] = []  # otherwise the output's arrays, which the blocks fill in
+    step = _rows_per_block(terms, shape)
+    if step is None:
+        # One block, the usual small op: directly, without the blocks' set-up.
+        try:
+            return _solve_block(terms, shape, fmt)
+        finally:
+            _release(terms)
+    arrays = [np.empty(shape) for _ in range(4)]  # the output's, which the blocks fill in
     undecided: list[int] = []  # appends are atomic: the order does not matter
 
     def keep(sol: Solution, cut: tuple[slice, ...] | None) -> None:
-        if cut is None:
-            whole.append(sol)
-            return
         for array, part in zip(arrays, (sol.rounded, sol.x_lo, sol.x_hi, sol.S)):
             array[cut] = part
         undecided.append(sol.undecided)
-    step = _rows_per_block(terms, shape)
-    if step is not None:
-        arrays.extend(np.empty(shape) for _ in range(4))
     _blocks(terms, shape, fmt, keep, step)
-    return whole[0] if whole else Solution(*arrays, sum(undecided))
+    return Solution(*arrays, sum(undecided))
 
 
 def solve_in_blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
@@ -294,10 +294,14 @@ def _blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
         # The blocks are independent: side by side on the op's threads (exactref/_parallel.py).
         for_each_slice(block, shape[axis], step)
     finally:
-        # B's prepared slices are needed no more (the exact values use A and B alone).
-        for t in terms:
-            if isinstance(t, MatmulTerm):
-                t.right = None
+        _release(terms)
+
+
+def _release(terms: list[Term]) -> None:
+    """Drop B's prepared slices: they are needed no more (the exact values use A and B alone)."""
+    for t in terms:
+        if isinstance(t, MatmulTerm):
+            t.right = None
 
 
 def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:
