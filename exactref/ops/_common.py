@@ -233,9 +233,10 @@ def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:
     The values are those of solving the whole output, then computing the tolerance, then judging
     (each step is elementwise), bit for bit; but the whole output's sums of |terms| and tolerance
     before the slack are never made, nor read back from memory by the next step, and the three
-    steps share one handing out of blocks to the threads.  A float32 or float16 1024**3 matmul
-    took 13 to 20% less time so (minima of alternating runs); at 2048**3 the difference was
-    within the noise for float16, 3 to 4% for float32 and bfloat16.
+    steps share one handing out of blocks to the threads.  Run alone, a float32 or float16
+    1024**3 matmul took 13 to 20% less time so (minima of alternating runs), and at 2048**3 0 to
+    4%; right after torch's own matmul, as benchmarks/bench_matmul.py runs them, 1024**3 showed
+    no difference and 2048**3 2 to 8%.
     """
     out: dict[str, np.ndarray] = {}  # the output's arrays, made by the first block to finish
     lock = threading.Lock()
