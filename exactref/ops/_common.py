@@ -191,9 +191,7 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
         parts, specs_left = [], specs
     for ps in specs_left:
         sol = solve(ps.terms, shape, pfmt)
-        with np.errstate(over="ignore", invalid="ignore"):
-            # Overflowing bound arithmetic yields inf, which means "no bound".
-            E, overflow = ps.tolerance(sol)  # slackened block by block, in _judge
+        E, overflow = _tolerance_of(ps, sol)  # slackened block by block, in _judge
         special = specials(ps.special_terms, shape) if ps.special_terms is not None else None
         # The last: where NaN is accepted besides the answer.
         solved.append((sol, E, overflow, special, None))
@@ -238,14 +236,15 @@ def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:
     4%; right after torch's own matmul, as benchmarks/bench_matmul.py runs them, 1024**3 showed
     no difference and 2048**3 2 to 8%.
     """
-    out: dict[str, np.ndarray] = {}  # the output's arrays, made by the first block to finish
+    # The output's arrays are made by the first block to finish, not before the blocks start:
+    # made first, a float32 or float16 1024**3 matmul took 70-85 ms against 62-66 (minima of four
+    # alternating pairs, that version run second in each, which alone costs a few ms here).
+    out: dict[str, np.ndarray] = {}
     lock = threading.Lock()
-    whole: list[Part] = []  # the Part itself, where the output is one block
+    whole: list[Part] = []  # the Part itself, where the output is one block (a single long row)
 
     def finish(sol: Solution, cut: tuple[slice, ...] | None) -> None:
-        with np.errstate(over="ignore", invalid="ignore"):
-            # Overflowing bound arithmetic yields inf, which means "no bound".
-            E, overflow = ps.tolerance(sol)
+        E, overflow = _tolerance_of(ps, sol)
         if cut is None:
             whole.append(_judge(sol, E, fmt, None, overflow, None))
             return
@@ -255,6 +254,13 @@ def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:
         _judge(sol, E, fmt, None, overflow, None, into=(out, cut))
     solve_in_blocks(ps.terms, shape, fmt, finish)
     return whole[0] if whole else Part(**out)
+
+
+def _tolerance_of(ps: PartSpec, sol: Solution) -> tuple[np.ndarray, np.ndarray | None]:
+    """``ps.tolerance(sol)``: the tolerance before its slack, and the overflow marks."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        # Overflowing bound arithmetic yields inf, which means "no bound".
+        return ps.tolerance(sol)
 
 
 # Elements judged at a time: the judgement's float64 temporaries stay near 1 MiB each.

@@ -331,8 +331,10 @@ def test_judging_each_block_as_it_is_solved_gives_every_field_of_judging_the_who
     Ab, Bb, Gb = _hard(rng, (3, 4, 6), dtype), _hard(rng, (6, 5), dtype), _hard(rng, (3, 4, 5), dtype)
     C = _hard(rng, (7,), dtype)
     x, y = _hard(rng, (23, 3), dtype), _hard(rng, (3, 4, 10), dtype)
-    calls = [lambda: er.matmul(A, B), lambda: er.matmul.backward(A, B, G), lambda: er.matmul(Ab, Bb),
-             lambda: er.matmul.backward(Ab, Bb, Gb), lambda: er.gemm.backward(A, B, C, G, beta=2.0),
+    # A[:1] @ B is one row: a single block of solving, larger than a judging block.
+    calls = [lambda: er.matmul(A, B), lambda: er.matmul(A[:1], B), lambda: er.matmul.backward(A, B, G),
+             lambda: er.matmul(Ab, Bb), lambda: er.matmul.backward(Ab, Bb, Gb),
+             lambda: er.gemm.backward(A, B, C, G, beta=2.0),
              lambda: er.sum(x, axis=1), lambda: er.sum(y, axis=2), lambda: er.sum(y, axis=0)]
     fused = []
     original = _common._solve_judged
@@ -340,7 +342,7 @@ def test_judging_each_block_as_it_is_solved_gives_every_field_of_judging_the_who
     blockwise = [_fields(call()) for call in calls]
     # Every part (the backwards have two gradients each, gemm.backward three); float64 products
     # keep B's slices while they are solved, and are judged after (test below): its sums alone.
-    assert len(fused) == (4 if dtype == "float64" else 12)
+    assert len(fused) == (4 if dtype == "float64" else 13)
 
     build = _common.build
 
