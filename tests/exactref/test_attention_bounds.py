@@ -312,3 +312,26 @@ def test_weights_recomputed_from_a_stored_logsumexp_stay_under_the_kernel_weight
     bound = _kernel_weights(fp.unmasked[0], delta, wts.r[0], wts.rho[0], fp.P_up[0], wts.F)
     assert (kernel <= bound).all()
     assert kernel.max() > 1.05  # the stored logsumexp's error matters here
+
+
+@pytest.mark.parametrize("rows", [1, 7, 40])
+def test_compensated_row_sums_in_blocks_on_threads_are_within_their_bound(rows, monkeypatch):
+    # _sum_rows adds each block of rows from its own transposed copy, the blocks on several threads:
+    # every row's sum must still be Sum2's, within u |s| + 2 gamma_{n-1}**2 sum(w) of the exact sum
+    # (Fractions), and the result the same whatever the blocks.
+    from exactref import _parallel
+    from exactref.ops.attention import _first
+    monkeypatch.setattr(_parallel, "width", lambda: 1 if getattr(_parallel._local, "inside", False) else 3)
+    rng = np.random.default_rng(rows)
+    n = 300
+    # Weights over many binades, so a plain float64 sum would err far more than the bound.
+    w = np.exp(rng.standard_normal((2, rows, n)) * 12) * (rng.random((2, rows, n)) < 0.9)
+    got, rel = _first._sum_rows(w)
+    for h in range(2):
+        for i in range(rows):
+            exact = sum(Fraction(x) for x in w[h, i])
+            assert abs(Fraction(got[h, i]) - exact) <= Fraction(rel[h, i]) * exact, (h, i)
+    for block in (n, 3 * n, 10 ** 9):  # one row a block, three, all rows in one
+        monkeypatch.setattr(_first, "_SUM_ROWS_BLOCK", block)
+        again, _ = _first._sum_rows(w)
+        np.testing.assert_array_equal(again, got)
