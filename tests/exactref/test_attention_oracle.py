@@ -318,7 +318,10 @@ def test_second_pass_enclosures_hold_the_oracle_values(fmt, data):
 
 
 @pytest.mark.skipif(not second.available(), reason="longdouble is float64 here: no second pass")
-def test_second_pass_encloses_every_element_of_a_moderate_case():
+@pytest.mark.parametrize("rows_a_block", [None, 2])  # 2: five blocks of rows in a head of 9
+def test_second_pass_encloses_every_element_of_a_moderate_case(rows_a_block, monkeypatch):
+    if rows_a_block is not None:
+        monkeypatch.setattr(second, "_ROWS_BLOCK", rows_a_block * 9)
     rng = np.random.default_rng(5)
     q, k, v, grad = (rng.standard_normal((2, 9, 6)).astype(np.float32) * 2 for _ in range(4))
     mask = rng.random((9, 9)) < 0.8
