@@ -205,8 +205,8 @@ def _everything_through(monkeypatch, stage):
 
     real = attention.decide
 
-    def undecided(hi, lo, rad, fmt):
-        rounded, ok = real(hi, lo, rad, fmt)
+    def undecided(hi, lo, rad, fmt, bounds=None):
+        rounded, ok = real(hi, lo, rad, fmt, bounds)
         # The first pass decides whole outputs (2 or more dimensions), the second a flat list.
         if stage == "arb" or np.ndim(hi) > 1:
             ok = np.zeros_like(ok)
@@ -234,6 +234,24 @@ def test_every_decision_stage_gives_the_same_rounding(monkeypatch, stage, dtype)
     assert np.array_equal(r.rounded.view(view), r2.rounded.view(view))
     for name in g:
         assert np.array_equal(g[name].rounded.view(view), g2[name].rounded.view(view)), name
+
+
+def test_a_second_pass_enclosure_clearing_a_midpoint_by_less_than_the_cheap_slack_is_decided():
+    # The seed-0 1x8x1024x64 float32 backward's grad_key[0, 1, 893, 11]: its longdouble enclosure
+    # clears the float32 midpoint below it by 9.6e-18 with a radius of 6.5e-18; the relative slack of
+    # 2**-50 (4e-18 at 0.0045) left it undecided and sent its head to the double-double pass.
+    from fractions import Fraction
+
+    from .oracle import round_fraction
+    enc = tuple(np.array([x]) for x in (0.004525490803644071, 3.049318610115481e-20, 6.512642691598746e-18))
+    fmt = er.formats.FORMATS["float32"]
+    _, cheap, _, _ = attention._rounded_and_bounds(*enc, fmt)
+    rounded, ok, x_lo, x_hi = attention._rounded_and_bounds(*enc, fmt, tight=True)
+    assert not cheap[0] and ok[0]
+    exact_lo = Fraction(enc[0][0]) + Fraction(enc[1][0]) - Fraction(enc[2][0])
+    exact_hi = exact_lo + 2 * Fraction(enc[2][0])
+    assert rounded[0] == round_fraction(exact_lo, "float32") == round_fraction(exact_hi, "float32")
+    assert Fraction(x_lo[0]) <= exact_lo and exact_hi <= Fraction(x_hi[0])
 
 
 def _enclosures_hold(oracle: Oracle, grad, seen) -> int:

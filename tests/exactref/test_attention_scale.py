@@ -23,8 +23,8 @@ from ._attention_oracle import Oracle, is_near_boundary, round_to
 def _nothing_decided_before_arb(mp: pytest.MonkeyPatch) -> None:
     real = attention.decide
 
-    def undecided(hi, lo, rad, fmt):
-        rounded, ok = real(hi, lo, rad, fmt)
+    def undecided(hi, lo, rad, fmt, bounds=None):
+        rounded, ok = real(hi, lo, rad, fmt, bounds)
         return rounded, np.zeros_like(ok)
 
     mp.setattr(attention, "decide", undecided)

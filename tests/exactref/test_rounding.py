@@ -91,12 +91,23 @@ def test_a_format_whose_cast_rounds_rounds_once_just_off_its_ties(name, m, binad
     assert decided[0] and bits_equal(float(value[0]), want)
 
 
+@pytest.mark.parametrize("tight", [False, True])
+@given(hi=st.floats(-1e300, 1e300), lo=st.floats(-1e-3, 1e-3), rad=st.floats(0, 1e-3))
+def test_enclosure_bounds_hold_the_enclosures_ends(tight, hi, lo, rad):
+    low, high = rounding.enclosure_bounds(np.array([hi]), np.array([lo]), np.array([rad]), tight=tight)
+    assert Fraction(float(low[0])) <= Fraction(hi) + Fraction(lo) - Fraction(rad)
+    assert Fraction(float(high[0])) >= Fraction(hi) + Fraction(lo) + Fraction(rad)
+
+
+@pytest.mark.parametrize("tight", [False, True])
 @pytest.mark.parametrize("name", REAL)
 @given(mid=st.floats(-1e6, 1e6), rad=st.floats(0, 1e-3), lo=st.floats(-1e-12, 1e-12))
-def test_decide_is_sound(name, mid, rad, lo):
+def test_decide_is_sound(name, mid, rad, lo, tight):
     """Where decide() decides, every point of the enclosure rounds to its answer."""
     fmt = FORMATS[name]
-    r, ok = decide(np.array([mid]), np.array([lo]), np.array([rad]), fmt)
+    enc = (np.array([mid]), np.array([lo]), np.array([rad]))
+    bounds = rounding.enclosure_bounds(*enc, tight=True) if tight else None
+    r, ok = decide(*enc, fmt, bounds)
     if ok[0]:
         for point in (Fraction(mid) + Fraction(lo) - Fraction(rad), Fraction(mid) + Fraction(lo) + Fraction(rad)):
             assert bits_equal(float(r[0]), round_fraction(point, name)) or point == 0
