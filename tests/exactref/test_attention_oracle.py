@@ -327,6 +327,19 @@ def test_first_pass_encloses_every_element_of_a_moderate_case():
     assert _first_pass_holds(q, k, v, grad, {"attn_mask": mask}, {"mask": mask}) == 4 * q.size
 
 
+def test_first_pass_gradients_pay_for_the_plain_products_rounding():
+    # One key: every weight is exactly 1, so grad_value is the plain float64 sum of dO's column.  A 1
+    # then 1023 terms just above half its ulp: each addition to a partial sum near 1 rounds up a whole
+    # ulp, an error of about 3.4e-15 of the sum, above the bound on the weights' own error (1.9e-15):
+    # only Higham's gamma_K term keeps the enclosure around the exact value.
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((1, 1024, 1))
+    k, v = rng.standard_normal((1, 1, 1)), rng.standard_normal((1, 1, 1))
+    grad = np.full((1, 1024, 1), 2.0 ** -53 * (1 + 2.0 ** -52))
+    grad[0, 0, 0] = 1.0
+    assert _first_pass_holds(q, k, v, grad, {}, {}) == 2 * 1024 + 2  # out and grad_query, grad_key and grad_value
+
+
 @pytest.mark.parametrize("fmt", ["float32", "float64"])
 @settings(deadline=None, max_examples=60)
 @given(data=st.data())
