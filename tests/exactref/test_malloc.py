@@ -22,18 +22,28 @@ import exactref as er
 import exactref._malloc as malloc
 import exactref._threads as threads
 
-MMAP, TRIM = -3, -1  # mallopt's parameter numbers, from glibc's malloc.h
-HELD = [(MMAP, 32 << 20), (TRIM, 1 << 30)]
-AFTER = [(TRIM, 64 << 20)]
+MMAP, TRIM, MMAP_MAX = -3, -1, -4  # mallopt's parameter numbers, from glibc's malloc.h
+HELD = [(MMAP, 32 << 20), (TRIM, 1 << 30), (MMAP_MAX, 0)]
+AFTER = [(MMAP_MAX, 65536), (TRIM, 64 << 20)]
 
 
 class FakeLibc:
+    """Records mallopt and malloc_trim calls; ``free`` is what mallinfo2 reports free."""
+
     def __init__(self) -> None:
-        self.calls: list[tuple[int, int]] = []
+        self.calls: list[tuple] = []
+        self.free = 0
 
     def mallopt(self, param: int, value: int) -> int:
         self.calls.append((param, value))
         return 1
+
+    def malloc_trim(self, pad: int) -> int:
+        self.calls.append(("trim", pad))
+        return 1
+
+    def mallinfo2(self):
+        return malloc._Info(fordblks=self.free)
 
 
 @pytest.fixture
@@ -50,6 +60,14 @@ def test_hold_raises_the_thresholds_and_release_lowers_the_trim_one(libc):
     assert libc.calls == HELD
     malloc.release()
     assert libc.calls == HELD + AFTER
+
+
+@pytest.mark.parametrize("free, trimmed", [(256 << 20, False), ((256 << 20) + 1, True)])
+def test_release_returns_the_heaps_free_memory_past_256_mib(libc, free, trimmed):
+    assert malloc.hold()
+    libc.free = free
+    malloc.release()
+    assert libc.calls == HELD + AFTER + ([("trim", 0)] if trimmed else [])
 
 
 def test_nested_holds_set_the_thresholds_once(libc):
@@ -90,6 +108,7 @@ def test_disabled_it_holds_nothing(libc, monkeypatch):
 
 @pytest.mark.parametrize("name, value", [
     ("MALLOC_TRIM_THRESHOLD_", "1000000"),
+    ("MALLOC_MMAP_MAX_", "0"),
     ("MALLOC_MMAP_THRESHOLD_", "1000000"),
     ("MALLOC_TOP_PAD_", "0"),
     ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1000000"),
@@ -128,7 +147,7 @@ def test_an_op_holds_once_and_releases_even_when_it_raises(libc, monkeypatch, la
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
-def test_glibc_serves_a_4_mib_array_from_the_heap_only_while_held():
+def test_glibc_serves_4_and_64_mib_arrays_from_the_heap_only_while_held():
     libc = ctypes.CDLL(None)
     if not hasattr(libc, "mallinfo2"):
         pytest.skip("glibc before 2.33 has no mallinfo2")
@@ -157,9 +176,14 @@ def test_glibc_serves_a_4_mib_array_from_the_heap_only_while_held():
         a = np.ones(1 << 19)
         del a
         print(libc.mallinfo2().fordblks >= 4 << 20)
+        before = libc.mallinfo2().hblkhd
+        big = [np.ones(1 << 23) for _ in range(5)]  # 5 x 64 MiB: past mmap's largest threshold
+        print(libc.mallinfo2().hblkhd == before)
+        del big
         _malloc.release()
+        print(libc.mallinfo2().fordblks < 64 << 20)  # more than 256 MiB were free: returned
     """)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.split() == ["True", "False", "True"]
+    assert out.stdout.split() == ["True", "False", "True", "True", "True"]
