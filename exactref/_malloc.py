@@ -23,9 +23,11 @@ Larger arrays than 32 MiB (glibc's largest mmap threshold) are always mapped
 afresh and unmapped when freed: attention at 1x8x1024x64 makes and frees
 about 3 GiB of them in a forward and backward, each page faulted in and
 zeroed again.  So while an op runs mmap is off (``M_MMAP_MAX`` 0) and they
-come from the heap too, reused as they are freed: the float32 forward and
-backward took 3.10-3.37 s against 4.71-4.97 s (three alternating processes,
-2 cores).  Afterwards mmap is back, and if more than 256 MiB lie free in the
+come from the heap too, reused as they are freed.  On 2 cores the float32
+forward and backward took 3.09-3.30 s with ``MALLOC_MMAP_MAX_=0`` set for the
+whole process against 4.14-4.68 s without (the same tree, four alternating
+processes), and 3.10-3.37 s with this hold against 4.71-4.97 s for the tree
+before it and the change to the first pass's gradients (three).  Afterwards mmap is back, and if more than 256 MiB lie free in the
 heap, ``malloc_trim(0)`` returns them to the system (without it an
 attention call left its 2.3 GB resident after its Result was deleted; with
 it 257 MB, as before); below that they stay for the next op, as above.
