@@ -179,9 +179,14 @@ class _Rows:
         # Each row's weights are its own: a block of rows at a time, so that the temporaries (a
         # longdouble is 16 bytes) stay in the cache.  A whole head of 1024 x 1024 took 137 ms on its
         # own, in blocks of 64 rows 102 (minima of three).
+        for sl in self._blocks():
+            self._weights(sp, sl)
+
+    def _blocks(self) -> list[slice]:
+        """The blocks of rows of about _ROWS_BLOCK weights that the passes over whole rows take."""
+        n, S = self.unm.shape
         step = max(1, _ROWS_BLOCK // max(S, 1))
-        for a in range(0, n, step):
-            self._weights(sp, slice(a, a + step))
+        return [slice(a, a + step) for a in range(0, n, step)]
 
     def _weights(self, sp: SecondPass, sl: slice) -> None:
         """P, P_f >= P~ and e_P >= |P~ - P| of the rows ``sl`` of this object's rows."""
@@ -226,9 +231,8 @@ class _Rows:
         if not hasattr(self, "_D"):
             n, S = self.P.shape
             self._D = (np.empty((n, S), dtype=LD), np.empty((n, S)), np.empty(n, dtype=LD), np.empty(n))
-            step = max(1, _ROWS_BLOCK // max(S, 1))  # (as __init__)
-            for a in range(0, n, step):
-                self._row_sums(sp, slice(a, a + step))
+            for sl in self._blocks():
+                self._row_sums(sp, sl)
         dP, e_dP, D, e_D = self._D
         at = (slice(None), slice(None) if cols is None else cols)
         P, P_f, e_P, unm = self.P[at], self.P_f[at], self.e_P[at], self.unm[at]
