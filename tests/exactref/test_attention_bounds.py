@@ -335,3 +335,36 @@ def test_compensated_row_sums_in_blocks_on_threads_are_within_their_bound(rows, 
         monkeypatch.setattr(_first, "_SUM_ROWS_BLOCK", block)
         again, _ = _first._sum_rows(w)
         np.testing.assert_array_equal(again, got)
+
+
+def test_dP_and_T_made_again_block_by_block_enclose_the_exact_values(monkeypatch):
+    # The first pass keeps dP only as hi + lo +- rad, and makes dP and T = dP - D (with their bounds)
+    # again wherever they are needed, a block of rows at a time (by_rows).  Each block must read its
+    # own rows of D and e_D, and the bounds must hold through T's cancellation: D is dP within a few
+    # ulps, so T is far below dP.  Checked against Fractions.
+    from exactref import _parallel
+    from exactref.ops.attention import _first
+    monkeypatch.setattr(_parallel, "width", lambda: 1 if getattr(_parallel._local, "inside", False) else 3)
+    monkeypatch.setattr(_first, "_BLOCK", 5 * 16)  # five rows of 16 keys a block
+    rng = np.random.default_rng(7)
+    H, L, S = 2, 23, 16
+    hi = rng.standard_normal((H, L, S)) * 2.0 ** rng.integers(-20, 20, (H, L, 1))
+    lo = hi * 2.0 ** -60 * rng.standard_normal((H, L, S))
+    rad = np.abs(hi) * 2.0 ** -90
+    # D: each row's first dP, perturbed by a few ulps, off by at most e_D.
+    D = hi[..., 0] * (1 + 2.0 ** -50 * rng.standard_normal((H, L)))
+    e_D = np.abs(D) * 2.0 ** -70
+
+    def both(hi, lo, rad, D, e_D):
+        return (*_first.dp_rows(hi, lo, rad), *_first.t_rows(hi, lo, rad, D, e_D))
+    dP, e_dP, T, e_T = _first.by_rows(both, H, L, hi, lo, rad, D, e_D)
+    for idx in np.ndindex(H, L, S):
+        h, i, _ = idx
+        for sign_p in (-1, 1):
+            exact_dP = Fraction(hi[idx]) + Fraction(lo[idx]) + sign_p * Fraction(rad[idx])
+            assert abs(Fraction(dP[idx]) - exact_dP) <= Fraction(e_dP[idx]), idx
+            for sign_d in (-1, 1):
+                exact_T = exact_dP - (Fraction(D[h, i]) + sign_d * Fraction(e_D[h, i]))
+                assert abs(Fraction(T[idx]) - exact_T) <= Fraction(e_T[idx]), idx
+    # The cancellation happened: some T are far below their dP.
+    assert (np.abs(T[..., 0]) < np.abs(dP[..., 0]) * 2.0 ** -40).all()

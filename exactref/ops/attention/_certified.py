@@ -61,7 +61,7 @@ from ...engine.exact import exact_dot_rows
 from ...errors import ReferenceBudgetError
 from ...formats import Format
 from ...rounding import decide, next_down, next_up
-from ._first import FirstPass
+from ._first import FirstPass, dp_rows
 from ._problem import Problem
 from ._split import RowSplit, Split, decide_split
 from ._wholehead import BULK, WholeHead, head_cost
@@ -556,8 +556,9 @@ class Refiner:
             fp = self.fp
             live = fp.unmasked[h]
             with np.errstate(invalid="ignore", over="ignore"):
-                lo = np.where(live, next_down(fp.dP[h] - fp.e_dP[h]), -np.inf)
-                hi = np.where(live, next_up(fp.dP[h] + fp.e_dP[h]), np.inf)
+                dP, e_dP = dp_rows(*(a[h] for a in fp.dP_parts))
+                lo = np.where(live, next_down(dP - e_dP), -np.inf)
+                hi = np.where(live, next_up(dP + e_dP), np.inf)
                 varies = np.max(lo, axis=-1, initial=-np.inf) > np.min(hi, axis=-1, initial=np.inf)
             for i in np.flatnonzero(~varies):
                 ints = self._dP_head(h)[0][i]

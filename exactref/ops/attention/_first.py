@@ -275,20 +275,35 @@ def by_rows(fn, H: int, L: int, *arrays):
     return [o.reshape((H, L) + o.shape[1:]) for o in outs]
 
 
-def _ds_rows(dP_hi, dP_lo, dP_rad, D, e_D, P, e_P, unmasked):
-    """dP, e_dP, T = dP - D, e_T, dS = P T and e_dS of some rows (see FirstPass.backward)."""
+def dp_rows(dP_hi, dP_lo, dP_rad):
+    """dP = dP_hi + dP_lo and its error bound e_dP, of some rows (see FirstPass.backward)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        dP = dP_hi + dP_lo
+        return dP, up(dP_rad + U * np.abs(dP))
+
+
+def t_rows(dP_hi, dP_lo, dP_rad, D, e_D):
+    """T = dP - D and its error bound e_T, of some rows (see FirstPass.backward).
+
+    Made again from dP's enclosure wherever it is needed, a block of rows at a time, rather
+    than kept whole: at 1x4x2048x128 each of T and e_T is 134 MB of float64.
+    """
     with np.errstate(over="ignore", invalid="ignore"):
         # T = dP - D in double-double, so the cancellation between them costs nothing.
         t_hi, t_lo = two_sum(dP_hi, -D[..., None])
         T = t_hi + (t_lo + dP_lo)
-        e_T = up(dP_rad + e_D[..., None] + U * np.abs(T) * 2 + U * np.abs(dP_lo) + TINY)
+        return T, up(dP_rad + e_D[..., None] + U * np.abs(T) * 2 + U * np.abs(dP_lo) + TINY)
+
+
+def _ds_rows(dP_hi, dP_lo, dP_rad, D, e_D, P, e_P, unmasked):
+    """dS = P T and e_dS of some rows (see FirstPass.backward)."""
+    T, e_T = t_rows(dP_hi, dP_lo, dP_rad, D, e_D)
+    with np.errstate(over="ignore", invalid="ignore"):
         dS = np.where(unmasked, P * T, 0.0)
         absT = np.abs(T) + e_T
         e_dS = up(e_P * absT + P * e_T + U * np.abs(dS))
         e_dS = np.where(unmasked, e_dS, 0.0)
-        dP = dP_hi + dP_lo
-        e_dP = up(dP_rad + U * np.abs(dP))
-    return dP, e_dP, T, e_T, dS, e_dS
+    return dS, e_dS
 
 
 class _Rows:
@@ -467,10 +482,11 @@ class FirstPass:
             self.B = matmul_up(self.absG, np.swapaxes(self.absV, -1, -2))
             D, D_err = dot_rows(G, self.O_hi, self.O_lo) if Ev else (np.zeros(G.shape[:-1]),) * 2
             e_D = up(D_err + np.einsum("hlc,hlc->hl", self.absG, self.rad_O) * (1 + g(Ev + 1)) + TINY)
-            parts = by_rows(_ds_rows, pb.H, pb.L, dP_hi, dP_lo, dP_rad, D, e_D, self.P, self.e_P, unmasked)
-        self.dP, self.e_dP, T, e_T, dS, e_dS = parts
-        self.D, self.e_D, self.T, self.e_T = D, e_D, T, e_T
-        self.dS, self.e_dS = dS, e_dS
+            # dP, T and their bounds are not kept whole: dp_rows and t_rows make them again from
+            # dP_parts where needed (four fewer arrays of the logits' size).
+            self.dS, self.e_dS = by_rows(_ds_rows, pb.H, pb.L, dP_hi, dP_lo, dP_rad, D, e_D, self.P, self.e_P,
+                                         unmasked)
+        self.D, self.e_D = D, e_D
         self.G = G
         self.bwd_cache: dict = {}  # the tolerance model's bounds for this G, shared by the three gradients
 

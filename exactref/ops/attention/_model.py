@@ -58,8 +58,10 @@ from ._first import (
     _cat_cols,
     _cat_rows_t,
     by_rows,
+    dp_rows,
     expm1_up,
     matmul_up,
+    t_rows,
 )
 
 __all__ = ["AttentionTolerance", "backward_tolerance", "forward_tolerance"]
@@ -274,9 +276,12 @@ def forward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format
     return E, overflow, wts
 
 
-def _dS_bound_rows(B, dP, e_dP, P_up, rho, unmasked, T, e_T, dS, e_dS, e_Db, consts):
-    """e_S (the bound on a kernel's dS error) and |dS| + e_dS of some rows (see _backward_shared)."""
+def _dS_bound_rows(B, dP_hi, dP_lo, dP_rad, D, e_D1, P_up, rho, unmasked, dS, e_dS, e_Db, consts):
+    """e_S (the bound on a kernel's dS error) and |dS| + e_dS of some rows (see _backward_shared);
+    dP and T, with their bounds, are made from the first pass's dP_parts, D and its bound e_D1."""
     u, eta, g_dP, dP_eta, gS, S_eta, u_o, eta_o, ds_rounded = consts
+    dP, e_dP = dp_rows(dP_hi, dP_lo, dP_rad)
+    T, e_T = t_rows(dP_hi, dP_lo, dP_rad, D, e_D1)
     with np.errstate(over="ignore", invalid="ignore"):
         e_dPm = g_dP * B + dP_eta
         dP_up = np.abs(dP) + e_dP
@@ -318,8 +323,8 @@ def _backward_shared(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fw
                 + _g(Ev + 1, u) * np.einsum("hlc,hlc->hl", fp.absG, o_up + o_err) + Ev * eta)
         consts = (u, eta, _g(Ev + 1, u), 2 * Ev * eta, _g(S + wts.nb + 1, u), S * eta, u_o, eta_o,
                   bool(model.ds_in_input_format and half))
-        e_S, dS_up = by_rows(_dS_bound_rows, pb.H, pb.L, fp.B, fp.dP, fp.e_dP, fp.P_up, rho, fp.unmasked,
-                             fp.T, fp.e_T, fp.dS, fp.e_dS, e_Db, consts)
+        e_S, dS_up = by_rows(_dS_bound_rows, pb.H, pb.L, fp.B, *fp.dP_parts, fp.D, fp.e_D, fp.P_up, rho,
+                             fp.unmasked, fp.dS, fp.e_dS, e_Db, consts)
         head_big = wts.row_overflow.any(axis=-1) | (np.fmax.reduce(fp.B, axis=(-1, -2), initial=0.0) >= big)
         ds_over = None
         if consts[-1]:
