@@ -154,10 +154,15 @@ def _oracle(x: np.ndarray, name: str) -> np.ndarray:
     return np.array([one(float(v)) for v in x])
 
 
+@pytest.mark.parametrize("block", [None, 1000])
 @pytest.mark.parametrize("name", ORACLE_NAMES)
-def test_round_float64_of_a_large_array_matches_oracle_at_ties_and_edges(name):
+def test_round_float64_of_a_large_array_matches_oracle_at_ties_and_edges(name, block, monkeypatch):
+    # block: _round_bits's blocks of 1000 values, the last one partial, so that the values outside
+    # the normal range fall in some blocks and not in others.
+    if block is not None:
+        monkeypatch.setattr(rounding, "_BITS_BLOCK", block)
     x = _hard_values(name)
-    n = max(2 * LARGE, 2 * x.size)  # each value twice at least, at two places in the array
+    n = max(2 * LARGE, 2 * x.size) + 7  # each value twice at least, at two places in the array
     got = round_float64(np.resize(x, n), FORMATS[name])
     want = _oracle(x, name)
     assert bits_equal(got[:x.size], want)
