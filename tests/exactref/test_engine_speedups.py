@@ -7,7 +7,9 @@
   nextafter definition, bit for bit, on enclosures at and around every
   threshold (half gaps, gaps, powers of two, the edges of the common range);
 * fast._first_level (the fused first level of a long float32 sum) against the
-  exact sums of its groups of 64, written out here, within gamma_63.
+  exact sums of its groups of 64, written out here: the sums within gamma_63,
+  the sums of |x| within gamma_63 of float32 (taken again in float64 where
+  one overflows float32).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+import exactref as er
 from exactref import rounding
 from exactref.engine import fast, sumprod
 
@@ -107,7 +110,7 @@ def test_first_level_sums_each_group_within_gamma_63(rows: int, T: int) -> None:
     rng = np.random.default_rng(T)
     x = (rng.standard_normal((rows, T)) * np.ldexp(1.0, rng.integers(-60, 60, (rows, T)))).astype(np.float32)
     x[:, ::5] = -x[:, ::5]
-    first, first_abs = fast._first_level(x)
+    first, first_abs, g_abs = fast._first_level(x)
     w = max(1, fast._FUSED_CHUNK // (64 * rows))
     groups = []
     for j0 in range(0, T, 64 * w):
@@ -118,13 +121,52 @@ def test_first_level_sums_each_group_within_gamma_63(rows: int, T: int) -> None:
         groups.append(padded.reshape(rows, 64, cols))
     picks = sorted({0, 1, first.shape[1] - 1, *rng.integers(0, first.shape[1], 40).tolist()})
     gamma = 63 * 2.0 ** -53 / (1 - 63 * 2.0 ** -53)
+    # The sums of |x| are float32 sums: gamma_63 in float32's unit roundoff.
+    gamma32 = Fraction(63, 2 ** 24) / (1 - Fraction(63, 2 ** 24))
+    assert gamma32 <= Fraction(g_abs) <= gamma32 * Fraction(101, 100)
     g_all = np.concatenate(groups, axis=2)
-    assert first.shape == (rows, g_all.shape[2])
+    assert first.shape == first_abs.shape == (rows, g_all.shape[2])
+    beyond_float64 = 0  # groups whose sum of |x| errs by more than float64's gamma_63 would allow
     for r in range(rows):
         for k in picks:
             terms = [Fraction(float(v)) for v in g_all[r, :, k]]
             exact, absolute = sum(terms, Fraction(0)), sum(map(abs, terms), Fraction(0))
             bound = Fraction(gamma) * absolute
             assert abs(Fraction(float(first[r, k])) - exact) <= bound, (r, k)
-            assert abs(Fraction(float(first_abs[r, k])) - absolute) <= bound, (r, k)
+            error = abs(Fraction(float(first_abs[r, k])) - absolute)
+            assert error <= gamma32 * absolute, (r, k)
+            beyond_float64 += error > bound
             assert absolute > 0
+    # So the float32 bound is needed: float64's would be wrong for them.
+    assert beyond_float64 > 0
+
+
+def test_first_level_takes_sums_of_abs_again_in_float64_where_float32_overflows() -> None:
+    # 8192 values in one bunch of 128 groups: values 128 apart (and 1024 apart, as in the op's
+    # bunches of 65536 below) share a group.  Two of 3e38 and -3e38 there overflow float32's sum of |x|.
+    x = np.full((1, 8192), 1.0, dtype=np.float32)
+    x[0, 3200], x[0, 3200 + 1024] = np.float32(3e38), np.float32(-3e38)
+    with np.errstate(over="ignore"):  # (as long_sums calls it)
+        first, first_abs, g_abs = fast._first_level(x)
+    assert g_abs == fast.gamma(63, fast.U64)
+    assert np.isfinite(first_abs).all()
+    exact = 62 + 2 * Fraction(float(np.float32(3e38)))
+    assert abs(Fraction(float(first_abs[0, 0])) - exact) <= Fraction(g_abs) * exact
+    assert abs(Fraction(float(first[0, 0])) - 62) <= Fraction(fast.gamma(63, fast.U64)) * exact
+    # The op's sum: 65520 ones, the large values cancelling.
+    res = er.sum(np.tile(x[0], 8))
+    assert res.rounded == np.float32(65520)
+    assert res.covers(np.float32(65520))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_long_float32_sum_bounds_the_sum_of_abs_from_above(seed: int) -> None:
+    # Values in [1, 2) are multiples of 2**-23: their exact sum is an integer sum.  The float32
+    # group sums of |x| round either way; S, the computed sum times (1 + 2 (g32 + (L - 1) g64)),
+    # must still be at least the exact one, and tight.
+    x = np.random.default_rng(seed).uniform(1.0, 2.0, 1 << 20).astype(np.float32)
+    exact = Fraction(int((x.astype(np.float64) * 2.0 ** 23).astype(np.int64).sum()), 2 ** 23)
+    with np.errstate(over="ignore", invalid="ignore"):
+        enc = fast.long_sums(x, True)
+    assert exact <= Fraction(float(enc.S)) <= exact * (1 + Fraction(1, 10 ** 5))
+    assert abs(Fraction(float(enc.hi)) + Fraction(float(enc.lo)) - exact) <= Fraction(float(enc.rad))
