@@ -393,11 +393,10 @@ def _first_level(block: np.ndarray, out: np.ndarray | None = None) -> tuple[np.n
     float32 ones, of |x| taken in float32 (half the memory traffic of float64, and no second
     float64 pass: 10**6 values on one thread took 0.61-0.93 ms against 0.71-1.10, 12-16% less in
     each of four alternating pairs of processes; in benchmarks/bench_sum.py the difference is
-    within the noise).  Such a sum
-    of nonnegative float32 values errs by at most gamma_63 in float32's unit roundoff (an
-    addition of nonnegative values rounds only a normal result: underflow adds no error).  Where
-    one overflows (values near float32's largest), they are all taken again in float64, from a
-    float64 copy of the block (at most _SUM_BLOCK values).
+    within the noise).  Such a sum of nonnegative float32 values errs by at most gamma_63 in
+    float32's unit roundoff (an addition of nonnegative values rounds only a normal result:
+    underflow adds no error).  Where one overflows (values near float32's largest), they are all
+    taken again in float64, from a float64 copy of the block (at most _SUM_BLOCK values).
     """
     rows, T = block.shape
     w = max(1, _FUSED_CHUNK // (_SUM_WIDTH * rows))
