@@ -326,6 +326,7 @@ def _sum_block(block: np.ndarray, narrow: bool, out: np.ndarray | None = None
     ``out`` (of the block's shape) receives a copy of it."""
     T = block.shape[1]
     g = gamma(_SUM_WIDTH - 1, U64)
+    g_abs = g  # the first level's bound for the sums of |x| (_first_level's may be float32's)
     if out is not None and not (narrow and T >= _FUSED_MIN):
         np.copyto(out, block)  # (only _first_level copies as it reads)
         out = None
@@ -338,10 +339,8 @@ def _sum_block(block: np.ndarray, narrow: bool, out: np.ndarray | None = None
     elif narrow:
         S, levels = _grouped_sum(np.abs(block))
         total, _ = _grouped_sum(block)
-        g_abs = g
     else:
         S, levels = _grouped_sum(np.abs(block))
-        g_abs = g
     # The computed sums of |x| are at least (1 - g_abs)(1 - g)**(levels - 1) >= 1 - g_abs -
     # (levels - 1) g times the exact ones (sums of nonnegative terms), and 1 / (1 - t) <= 1 + 2 t.
     S = up(S * (1 + 2 * (g_abs + (levels - 1) * g)))
