@@ -30,25 +30,33 @@ def matmul_narrow(A: np.ndarray, B: np.ndarray) -> Enclosure:
         return Right(B, narrow=True).times(A)
 
 
-def matmul_sliced(A: np.ndarray, B: np.ndarray) -> Enclosure:
+def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True) -> Enclosure:
     """``A @ B`` for float64 inputs, to about three times float64's precision, by error-free slicing.
 
     A large product is computed in blocks of rows of A, side by side (exactref/_parallel.py);
     the blocks do not depend on the number of threads, so neither do the results.
+
+    With ``bound`` False the Enclosure's S is None: the bound on ``|A| @ |B|``,
+    a float32 product and one more array of the output's size, is not made.
+    The radius does not depend on it.  (Attention's logits, 1x4x2048x128:
+    134 MB and a float32 product saved, see exactref/ops/attention/_first.py.)
     """
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        right = Right(B, narrow=False)
+        right = Right(B, narrow=False, bound=bound)
         shape = right.out_shape(A)
         M = shape[-2]
         step = max(1, _ROWS_BLOCK // max(math.prod(shape) // max(M, 1), 1))
         if step >= M:
             return right.times(A)
-        hi, lo, rad, S = (np.empty(shape) for _ in range(4))
+        hi, lo, rad = (np.empty(shape) for _ in range(3))
+        S = np.empty(shape) if bound else None
 
         def block(rows: slice) -> None:
             enc = right.times(A[..., rows, :])
             cut = (Ellipsis, rows, slice(None))
-            hi[cut], lo[cut], rad[cut], S[cut] = enc.hi, enc.lo, enc.rad, enc.S
+            hi[cut], lo[cut], rad[cut] = enc.hi, enc.lo, enc.rad
+            if S is not None:
+                S[cut] = enc.S
         for_each_slice(block, M, step)
         return Enclosure(hi, lo, rad, S)
 
@@ -107,7 +115,8 @@ class Right:
     """The right operand B of ``A @ B``, prepared once for products with many blocks of rows of A.
 
     For the bound S on ``|A| @ |B|`` it keeps ``|B|``, in float32 where that
-    is safe.  For float64 inputs (``narrow`` False) it also keeps B's slices:
+    is safe; float64 inputs with ``bound`` False make no S (their enclosures'
+    S is None: see :func:`matmul_sliced`).  For float64 inputs (``narrow`` False) it also keeps B's slices:
     each row of A and column of B is cut into two slices of beta bits and a
     remainder, ``A = A0 + A1 + RA`` and likewise B.  The products of two
     slices, ``A0 B0``, ``A0 B1``, ``A1 B0`` and ``A1 B1``, are exact in
@@ -126,10 +135,11 @@ class Right:
     altogether is not multiplied.
     """
 
-    def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False) -> None:
+    def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False, bound: bool = True) -> None:
         self.B = B
         self.narrow = narrow
         self.pieces = pieces
+        self.bound = bound  # whether enclosures carry S (float64 inputs; see matmul_sliced)
         self.BT: np.ndarray | None = None  # B's transpose, contiguous, once many columns are gathered
         self.gathered = 0  # columns of B gathered so far, by all the blocks of rows
         self.copying = False  # whether a block's thread is making BT
@@ -150,7 +160,7 @@ class Right:
         blocks of B's columns side by side (exactref/_parallel.py): each column is cut alone."""
         N = B.shape[-1]
         self.B0, self.B1, self.RB = (np.empty(B.shape) for _ in range(3))
-        abs32 = np.empty(B.shape, dtype=np.float32)
+        abs32 = np.empty(B.shape if self.bound else (0,), dtype=np.float32)
         self.lowB = np.empty(B.shape[:-2] + (N,), dtype=np.int64)
         self.rows = np.empty(B.shape[:-2] + (2, N))
         self.RB_cols = np.empty(B.shape[:-2] + (N,), dtype=bool)  # the columns of B with a remainder
@@ -160,7 +170,7 @@ class Right:
         def block(cut: slice) -> None:
             part = B[..., cut]
             absB = np.abs(part)
-            fits = _in_float32_range(absB)
+            fits = self.bound and _in_float32_range(absB)
             in32.append(fits)
             if fits:  # (used only if every block fits)
                 abs32[..., cut] = absB
@@ -177,7 +187,8 @@ class Right:
         else:
             for_each_slice(block, N, step)
         self.in32 = all(in32)
-        self.absB = abs32 if self.in32 else np.abs(B)
+        if self.bound:
+            self.absB = abs32 if self.in32 else np.abs(B)
         self.RB_any = bool(self.RB_cols.any())
 
     def transpose_for(self, count: int) -> np.ndarray | None:
@@ -248,7 +259,7 @@ class Right:
     def _sliced(self, A: np.ndarray) -> Enclosure:
         K = self.K
         absA = np.abs(A) if K else None
-        S = self.abs_bound(A, absA)
+        S = self.abs_bound(A, absA) if self.bound else None
         if K == 0:
             z = np.zeros(self.out_shape(A))
             return Enclosure(z, z.copy(), z.copy(), S)
@@ -301,7 +312,8 @@ class Right:
         tiny = (lowA[..., :, None] + self.lowB[..., None, :]) < -1074 + 53
         ok = np.isfinite(hi)
         ok &= np.isfinite(lo)
-        ok &= np.isfinite(S)
+        if S is not None:
+            ok &= np.isfinite(S)
         ok &= rad < np.inf
         if tiny.any() or not ok.all():
             bad = tiny | ~ok

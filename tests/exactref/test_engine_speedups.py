@@ -22,7 +22,7 @@ import pytest
 
 import exactref as er
 from exactref import rounding
-from exactref.engine import fast, sumprod
+from exactref.engine import fast, products, sumprod
 
 F64_MAX = float(np.finfo(np.float64).max)
 SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 2.0 ** -1022, -(2.0 ** -1022), 2.0 ** -1022 - 5e-324,
@@ -170,3 +170,18 @@ def test_long_float32_sum_bounds_the_sum_of_abs_from_above(seed: int) -> None:
         enc = fast.long_sums(x, True)
     assert exact <= Fraction(float(enc.S)) <= exact * (1 + Fraction(1, 10 ** 5))
     assert abs(Fraction(float(enc.hi)) + Fraction(float(enc.lo)) - exact) <= Fraction(float(enc.rad))
+
+
+@pytest.mark.parametrize("rows", [3, 700])  # one block, and blocks of rows side by side
+def test_sliced_product_without_bound_keeps_the_enclosure_and_never_a_nan_radius(rows: int) -> None:
+    """matmul_sliced(bound=False) skips S only: hi, lo and rad are those of bound=True, bit for
+    bit, and rad is finite or +inf (attention's `sliced` relies on that, copying nothing)."""
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((rows, 400)) * 2.0 ** rng.integers(-30, 30, (rows, 400))
+    B = rng.standard_normal((400, 500))
+    A[0, 0], A[1, 1], B[2, 3] = np.nan, np.inf, -np.inf
+    full, light = products.matmul_sliced(A, B), products.matmul_sliced(A, B, bound=False)
+    assert light.S is None and full.S is not None
+    for a, b in ((full.hi, light.hi), (full.lo, light.lo), (full.rad, light.rad)):
+        np.testing.assert_array_equal(a, b)
+    assert not np.isnan(light.rad).any() and np.isinf(light.rad).any()

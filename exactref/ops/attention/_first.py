@@ -224,9 +224,11 @@ def sliced(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     if A.shape[-1] == 0:
         z = np.zeros(A.shape[:-1] + B.shape[-1:])
         return z, z.copy(), z.copy()
-    enc = matmul_sliced(A, B)
-    rad = np.where(np.isfinite(enc.rad), enc.rad, np.inf)
-    return enc.hi, enc.lo, rad
+    # S, the bound on |A| @ |B|, is not wanted here (the logits' own comes from matmul_up).
+    # The radius is finite or +inf, never NaN: Right._sliced sets inf wherever it is not
+    # below inf, so no copy is made to turn a NaN into inf.
+    enc = matmul_sliced(A, B, bound=False)
+    return enc.hi, enc.lo, enc.rad
 
 
 def dot_rows(X: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
