@@ -9,6 +9,16 @@ pools run as a user's would.
 
     python benchmarks/bench_attention.py [--only NAME ...] [--repeat N]
     python benchmarks/bench_attention.py --shape B H L E [--dtype float32] [--causal]
+    python benchmarks/bench_attention.py --only f32 --cpu
+
+``--cpu`` (a diagnostic) makes one more exactref forward + backward per row,
+untimed, and prints the CPU time it took in user and in system (kernel) mode,
+all threads together, and its minor page faults.  System time is mostly the
+kernel zeroing pages that the process takes fresh from it: at 1x8x1024x64
+float32, on 2 cores of a VM, 1.2-1.5 s of system time against 4.4-5.0 s of
+user time, and 34,000-90,000 faults, per forward + backward (nine calls);
+``perf record -e cpu-clock`` put 36% of one such call's samples in the
+kernel's ``clear_page_erms``.
 
 Rows: ``f32`` (float32, 1x8x1024x64, at most 10x), ``f16`` and ``bf16``
 (1x4x2048x128, at most 10x), ``f64`` (float64, 1x4x256x64, at most 2 s),
@@ -20,6 +30,7 @@ the forward and the backward) and ``small`` (float32, 1x4x256x64).
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -71,7 +82,17 @@ def _inputs(row: Row, seed: int) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(*row.shape, generator=gen).to(_DTYPES[row.dtype]) for _ in range(4))
 
 
-def run_row(row: Row, repeat: int, seed: int, warm: bool) -> None:
+def _cpu_line(fn: Callable[[], object]) -> str:
+    """One call of ``fn``: the process's user and system CPU time and its minor page faults."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    fn()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return (f"      one more forward + backward: user {after.ru_utime - before.ru_utime:.2f} s, "
+            f"system {after.ru_stime - before.ru_stime:.2f} s (all threads), "
+            f"{after.ru_minflt - before.ru_minflt} minor page faults")
+
+
+def run_row(row: Row, repeat: int, seed: int, warm: bool, cpu: bool = False) -> None:
     q, k, v, grad = _inputs(row, seed)
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     grad64 = grad.double()
@@ -116,6 +137,8 @@ def run_row(row: Row, repeat: int, seed: int, warm: bool) -> None:
     out = kept["out"]
     tol = np.median(out.tolerance / np.maximum(np.abs(out.rounded.astype(np.float64)), 1e-30))
     print(f"      median relative tolerance of the output: {tol:.2e}", flush=True)
+    if cpu:
+        print(_cpu_line(both), flush=True)
 
 
 def main() -> None:
@@ -127,13 +150,15 @@ def main() -> None:
     parser.add_argument("--dtype", choices=list(_DTYPES), default="float32")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu", action="store_true",
+                        help="diagnostic: one more untimed call, its user and system CPU time and page faults")
     args = parser.parse_args()
     if args.shape:
         rows = [Row("custom", args.dtype, tuple(args.shape), "10x", causal=args.causal)]
     else:
         rows = [r for r in ROWS if args.only is None or r.name in args.only]
     for row in rows:
-        run_row(row, args.repeat, args.seed, not args.no_warmup)
+        run_row(row, args.repeat, args.seed, not args.no_warmup, args.cpu)
 
 
 if __name__ == "__main__":

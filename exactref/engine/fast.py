@@ -93,7 +93,7 @@ class Enclosure:
     hi: np.ndarray
     lo: np.ndarray
     rad: np.ndarray
-    S: np.ndarray  # None only from products.matmul_sliced(..., bound=False), which skips it
+    S: np.ndarray | None  # None only from products.matmul_sliced(..., bound=False), which skips it
     # lo is exactly +0 everywhere (products of narrow values), which lets the bounds skip it.
     lo_zero: bool = False
     # Where ``exact`` is True, the float64 ``pieces`` sum exactly to the exact value (hi among
