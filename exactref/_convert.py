@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._parallel import copy_array, elementwise
+from ._parallel import copy_array, copy_checked, elementwise
 from .formats import (
     FLOAT8_FORMATS,
     FLOAT32,
@@ -30,7 +30,7 @@ from .formats import (
 from .rounding import round_float64, to_dtype
 
 __all__ = ["PROMOTIONS", "SATURATIONS", "Operand", "asarray", "available_memory", "check_readable", "finite_values",
-           "format_of_dtype", "operand", "promote", "values_of"]
+           "format_of_dtype", "operand", "promote", "values_checked", "values_of"]
 
 _MEMORY: list[int] = []
 
@@ -421,3 +421,26 @@ def values_of(o: Operand, fmt: Format | ComplexFormat, *, copy: bool = True) -> 
         # A large array is widened in blocks side by side (exactref/_parallel.py).
         return elementwise(lambda block: (block.astype(wide),), arr)[0]
     return arr.astype(wide, copy=copy)
+
+
+def values_checked(o: Operand, fmt: Format | ComplexFormat) -> tuple[np.ndarray, bool]:
+    """``values_of(o, fmt, copy=False)``, and whether every value is finite.
+
+    A narrower array is checked as it is widened, block by block while each is
+    in cache, instead of in one more pass over the float64 values: for two
+    float16 2048 x 2048 operands that pass took 5.2 ms on one thread, of the
+    38 ms before a matmul's blocks of rows start (line_profiler).
+    """
+    arr = np.asarray(o.array)
+    if fmt.is_complex or not np.iscomplexobj(arr):
+        wide = np.complex128 if fmt.is_complex else np.float64
+        if arr.dtype != wide and arr.flags.c_contiguous:
+            return copy_checked(arr, _all_finite_parts, wide)
+    values = values_of(o, fmt, copy=False)
+    return values, _all_finite_parts(values)
+
+
+def _all_finite_parts(x: np.ndarray) -> bool:
+    """:func:`finite_values` of a real array, or of both parts of a complex one (the largest complex
+    value, ordered by its real part first, can be finite beside an infinite imaginary part)."""
+    return finite_values(x.real) and (not np.iscomplexobj(x) or finite_values(x.imag))

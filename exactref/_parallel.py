@@ -159,19 +159,21 @@ def copy_array(a: np.ndarray) -> np.ndarray:
     return copy_checked(a, lambda block: True)[0]
 
 
-def copy_checked(a: np.ndarray, check: Callable[[np.ndarray], bool]) -> tuple[np.ndarray, bool]:
-    """``np.array(a, copy=True)``, a large C-contiguous array copied in blocks side by side, and
-    whether ``check`` holds for every block of the copy, which together are the whole copy; each
-    block is checked right after it is copied, while it is still in cache."""
+def copy_checked(a: np.ndarray, check: Callable[[np.ndarray], bool],
+                 dtype: np.dtype | type | None = None) -> tuple[np.ndarray, bool]:
+    """``np.array(a, dtype, copy=True)``, a large C-contiguous array copied in blocks side by side,
+    and whether ``check`` holds for every block of the copy, which together are the whole copy;
+    each block is checked right after it is copied, while it is still in cache.  ``dtype`` (a
+    wider one, say) defaults to a's own."""
     if a.size < 2 * _COPY_BLOCK or not a.flags.c_contiguous or width() == 1:
-        out = np.array(a, copy=True)
+        out = np.array(a, dtype=dtype, copy=True)
         return out, check(out)  # (one block: a small copy is still in cache)
-    out = np.empty_like(a)
+    out = np.empty(a.shape, dtype=a.dtype if dtype is None else dtype)
     src, dst = a.reshape(-1), out.reshape(-1)
     ok: list[bool] = []  # appends are atomic: the order does not matter
 
     def block(cut: slice) -> None:
-        np.copyto(dst[cut], src[cut])
+        dst[cut] = src[cut]  # (as astype: any cast, bfloat16 to float64 too)
         ok.append(check(dst[cut]))
     for_each_slice(block, a.size, _COPY_BLOCK)
     return out, all(ok)

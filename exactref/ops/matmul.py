@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._convert import Operand, operand, values_of
+from .._convert import Operand, operand, values_checked, values_of
 from .._parallel import elementwise
 from ..engine.fast import gamma, up
 from ..engine.sumprod import MatmulTerm, RowTerm, Solution, Term
@@ -307,8 +307,10 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     check_bytes(op, math.prod(shape2) * 24 * 8 + (a.array.size + 6 * b.array.size) * 8
                 + (256 << 20), "the product")
     # Read only from here on: float64 operands are not copied again.
-    A2 = values_of(a, fmt, copy=False).reshape(a2s)
-    B2 = values_of(b, fmt, copy=False).reshape(b2s)
+    # Whether each operand is finite is learned as it is widened (values_checked).
+    A2, finite_a = values_checked(a, fmt)
+    B2, finite_b = values_checked(b, fmt)
+    A2, B2 = A2.reshape(a2s), B2.reshape(b2s)
     fin = part_of(fmt)
     # torch.addmm on float32/float64 (a BLAS) skips A @ B when alpha is 0; the
     # half-type and batched kernels compute it and multiply by 0, so NaN and
@@ -321,20 +323,15 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     # The BLAS reads beta in the inputs' format: one that rounds to zero skips C as well.
     beta_vanishes = c is not None and beta != 0 and held(beta, fin) == 0
     use_c = c is not None and beta != 0 and not beta_vanishes
-    arrays = []
     if c is not None:
         try:
             Cv = np.broadcast_to(values_of(c, fmt), out_shape).reshape(shape2)
         except ValueError:
             raise ValueError(f"{op}: C has shape {c.shape}, which does not broadcast to the product's "
                              f"shape {out_shape}") from None
-        if use_c:
-            arrays.append(Cv)
-    if use_ab:
-        arrays += [A2, B2]
 
     # Finiteness is checked once: when it holds, the finite-ized operands are the operands.
-    all_finite = _all_finite(*arrays)
+    all_finite = (not use_c or _all_finite(Cv)) and (not use_ab or (finite_a and finite_b))
     zA, zB = (A2, B2) if all_finite or not use_ab else (zero_nonfinite(A2), zero_nonfinite(B2))
     zC = None if not use_c else Cv if all_finite else zero_nonfinite(Cv)
 

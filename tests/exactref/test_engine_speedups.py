@@ -185,3 +185,31 @@ def test_sliced_product_without_bound_keeps_the_enclosure_and_never_a_nan_radius
     for a, b in ((full.hi, light.hi), (full.lo, light.lo), (full.rad, light.rad)):
         np.testing.assert_array_equal(a, b)
     assert not np.isnan(light.rad).any() and np.isinf(light.rad).any()
+
+
+def _fits_float32_range(absB: np.ndarray) -> bool:
+    """The definition, written out: every nonzero |b| lies in [2**-60, 2**60] (NaN fails both)."""
+    return bool(np.all((absB == 0) | ((absB >= 2.0 ** -60) & (absB <= 2.0 ** 60))))
+
+
+@pytest.mark.parametrize("shape", [(300, 200), (700, 600), (2, 500, 300)])  # one block; blocks side by side
+@pytest.mark.parametrize("bad", [None, 2.0 ** 61, -(2.0 ** -61), np.nan, np.inf, 0.0])
+@pytest.mark.parametrize("where", [0, -1])
+def test_abs_of_b_in_float32_matches_its_definition(monkeypatch, shape, bad, where) -> None:
+    """products._abs_float32 (blocks side by side, each checked in cache) gives |B| in float32
+    exactly where every nonzero |b| is within [2**-60, 2**60], and |B| in float64 otherwise."""
+    from exactref import _parallel
+    monkeypatch.setattr(_parallel, "width", lambda: 1 if getattr(_parallel._local, "inside", False) else 4)
+    B = np.random.default_rng(3).standard_normal(shape)
+    if bad is not None:
+        B.reshape(-1)[where] = bad
+    absB, fits = products._abs_float32(B)
+    assert fits is _fits_float32_range(np.abs(B)) and fits is (bad is None or bad == 0.0)
+    # (float32 rounds these float64 values: products.Right.abs_bound pays for that rounding.)
+    expected = np.abs(B).astype(np.float32) if fits else np.abs(B)
+    assert absB.dtype == expected.dtype and absB.shape == B.shape
+    np.testing.assert_array_equal(absB, expected)
+    # A view (not C-contiguous) takes the one-piece path: the same answer.
+    absT, fitsT = products._abs_float32(np.swapaxes(B, -1, -2))
+    assert fitsT is fits
+    np.testing.assert_array_equal(absT, np.swapaxes(expected, -1, -2))

@@ -382,3 +382,42 @@ def test_a_sum_enclosed_as_it_is_copied_keeps_its_own_copy():
     res = er.sum(x)
     x[:] = 0
     assert res.exact(()) == sum(range(64 * 2048)) and res.rounded == np.float32(sum(range(64 * 2048)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "complex64"])
+@pytest.mark.parametrize("where", [None, 0, parallel._COPY_BLOCK + 3, -1])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_widened_values_know_whether_every_value_is_finite(wide, dtype, where, bad):
+    # values_checked widens in blocks side by side, checking each block in cache; the imaginary
+    # part of a complex value counts too (its largest value, by real part, can be finite).
+    from exactref._convert import operand, values_checked, values_of
+    from exactref.formats import FORMATS
+    x = er.asarray(np.ones(3 * parallel._COPY_BLOCK + 5), dtype)
+    if where is not None:
+        x[where] = complex(1.0, bad) if dtype == "complex64" else bad
+    fmt = FORMATS["complex128" if dtype == "complex64" else "float64"]
+    o = operand(x, "x")
+    values, finite = values_checked(o, fmt)
+    assert finite is (where is None)
+    assert values.dtype == values_of(o, fmt).dtype
+    np.testing.assert_array_equal(values, values_of(o, fmt))
+    # The same answers without blocks: a small array, and a view that is not C-contiguous.
+    assert values_checked(operand(x[-9:], "x"), fmt)[1] is (where != -1)
+    assert values_checked(operand(x[::2], "x"), fmt)[1] is (where is None or where % x.size % 2 == 1)
+
+
+def test_a_blocked_matmul_sees_an_infinity_in_its_last_block(wide):
+    # matmul learns finiteness as it widens its operands (values_checked): an inf in the last
+    # block of A makes the normal answer's row inf or NaN, as numpy's own float64 product does.
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((1500, 8)).astype(np.float16)
+    B = rng.standard_normal((8, 1400)).astype(np.float16)
+    B[3, :7] = 0.0
+    A[-1, 3] = np.inf
+    res = er.matmul(A, B)
+    expected = np.einsum("ik,kj->ij", A[-1:].astype(np.float64), B.astype(np.float64))[0]
+    got = res.rounded[-1].astype(np.float64)
+    assert np.isnan(expected[:7]).all() and np.isinf(expected[7:]).all()
+    np.testing.assert_array_equal(got, expected)
+    assert np.isfinite(res.rounded[:-1]).all()
+    assert res.covers(np.asarray(res.rounded)).all()
