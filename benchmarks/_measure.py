@@ -7,6 +7,8 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
+from exactref import _pool
+
 __all__ = ["median_times", "peak_bytes"]
 
 
@@ -24,7 +26,12 @@ def median_times(fns: list[Callable[[], object]], repeat: int) -> list[float]:
 
 
 def peak_bytes(fn: Callable[[], object]) -> int:
-    """The most bytes traced at once while ``fn`` runs (its result included), above what was traced before."""
+    """The most bytes traced at once while ``fn`` runs (its result included), above what was traced before.
+
+    ExactRef's buffers kept from earlier results that nothing uses now are let go first
+    (exactref/_pool.py), so that ``fn`` allocates what it would in a fresh process.
+    """
+    _pool.clear()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]

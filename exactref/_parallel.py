@@ -34,6 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from . import _threads
+from ._pool import empty as _kept_empty
 
 __all__ = ["copy_array", "copy_checked", "elementwise", "for_each", "for_each_slice", "serially", "width"]
 
@@ -168,7 +169,8 @@ def copy_checked(a: np.ndarray, check: Callable[[np.ndarray], bool],
     if a.size < 2 * _COPY_BLOCK or not a.flags.c_contiguous or width() == 1:
         out = np.array(a, dtype=dtype, copy=True)
         return out, check(out)  # (one block: a small copy is still in cache)
-    out = np.empty(a.shape, dtype=a.dtype if dtype is None else dtype)
+    # (A large copy comes from the buffers of results no longer used: exactref/_pool.py.)
+    out = _kept_empty(a.shape, a.dtype if dtype is None else dtype)
     src, dst = a.reshape(-1), out.reshape(-1)
     ok: list[bool] = []  # appends are atomic: the order does not matter
 

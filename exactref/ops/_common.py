@@ -22,6 +22,7 @@ from .._convert import (
     convert,
     format_of_dtype,
 )
+from .. import _pool
 from .._parallel import for_each_slice
 from .._threads import own_threads, small
 from ..engine.sumprod import Solution, Term, exact_fraction, solve, solve_in_blocks, specials
@@ -250,7 +251,8 @@ def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:
             return
         with lock:
             if not out:
-                out.update((name, np.empty(shape, dtype=dtype)) for name, dtype in _PART_DTYPES.items())
+                # (Large arrays come from the buffers of results no longer used: exactref/_pool.py.)
+                out.update((name, _pool.empty(shape, dtype)) for name, dtype in _PART_DTYPES.items())
         _judge(sol, E, fmt, None, overflow, None, into=(out, cut))
     solve_in_blocks(ps.terms, shape, fmt, finish)
     return whole[0] if whole else Part(**out)

@@ -1,0 +1,127 @@
+"""Large arrays that outlive an op come from buffers kept, for a few seconds, from arrays no longer used.
+
+Why: a Result keeps about eight arrays of its output's shape, and the op's
+own float64 copies of its operands; a large op's are fresh memory, which the
+kernel faults in and zeroes page by page as they are first written (at
+2048 x 2048, about 260 MB).  glibc keeps none of it for the next op: such
+arrays are mapped afresh, or trimmed from the heap's top as soon as they are
+freed (exactref/_malloc.py keeps memory only while an op runs).  On 2 cores
+of a VM, each call right after a torch float64 matmul of the same size
+(which took 194 to 208 ms), medians of 8 to 12 calls of each kind,
+alternating in one process: a float16 2048^3 matmul took 459 ms with fresh
+arrays, 404 ms with its Result's arrays reused and 386 ms with its operands'
+copies reused as well; bfloat16 509, 424 and 411 ms; float32 628, 428 and
+416 ms.
+
+So :func:`empty` hands out a view of a kept buffer that nothing else uses,
+or of a new one, kept in turn.  Every view of a buffer holds a reference to
+it (numpy's ``base``), so a buffer that the pool alone references is used
+by no array: its reference count says so.  At most ``_MAX_KEPT`` bytes are
+kept; a buffer that has been unused for ``_IDLE`` seconds is let go (a
+thread checks every ``_IDLE`` seconds while any is kept, and stops when none
+is), so memory a deleted Result held goes back to the system within twice
+that time.  :func:`clear` lets every unused buffer go at once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+__all__ = ["clear", "empty"]
+
+# Only arrays at least this large: glibc mostly keeps smaller freed blocks in its heap (its trim
+# threshold after an op is 64 MiB, exactref/_malloc.py).
+_MIN_BYTES = 16 << 20
+# At most this much kept, buffers in use included: two Results of a 2048 x 2048 matmul.
+_MAX_KEPT = 512 << 20
+# Seconds a buffer may stay unused before it is let go.
+_IDLE = 2.0
+
+_lock = threading.Lock()
+_kept: list[_Buffer] = []
+_reaper_pid = 0  # the process whose reaper thread runs (a forked child starts its own)
+
+
+class _Buffer:
+    __slots__ = ("data", "used")
+
+    def __init__(self, nbytes: int) -> None:
+        self.data = np.empty(nbytes, dtype=np.uint8)
+        self.used = time.monotonic()
+
+
+def _free(buf: _Buffer) -> bool:
+    """Whether no array uses ``buf``: its data is referenced by the buffer alone."""
+    # (getrefcount counts its own argument: the buffer's reference and that one.)
+    return sys.getrefcount(buf.data) <= _FREE_COUNT
+
+
+def _count_of_unused() -> int:
+    probe = _Buffer(0)
+    return sys.getrefcount(probe.data)
+
+
+_FREE_COUNT = _count_of_unused()
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """``np.empty(shape, dtype)``; a large one is a view of a kept buffer that no array uses."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _MIN_BYTES:
+        return np.empty(shape, dtype=dtype)
+    with _lock:
+        for buf in _kept:
+            # The same size only: a larger buffer would hold memory no array uses.
+            if buf.data.size == nbytes and _free(buf):
+                buf.used = time.monotonic()
+                return buf.data.view(dtype).reshape(shape)  # (made under the lock: now in use)
+        if sum(b.data.size for b in _kept) + nbytes > _MAX_KEPT:
+            return np.empty(shape, dtype=dtype)
+        buf = _Buffer(nbytes)
+        _kept.append(buf)
+        _start_reaper()
+        return buf.data.view(dtype).reshape(shape)
+
+
+def clear() -> None:
+    """Let go every kept buffer that no array uses."""
+    with _lock:
+        _kept[:] = [b for b in _kept if not _free(b)]
+
+
+def _let_go_idle() -> None:
+    """Let go the buffers unused for ``_IDLE`` seconds."""
+    now = time.monotonic()
+    with _lock:
+        for b in _kept:
+            if not _free(b):
+                b.used = now  # in use: its idle time starts when its arrays are gone
+        _kept[:] = [b for b in _kept if now - b.used < _IDLE]
+
+
+def _start_reaper() -> None:
+    """Start the thread that lets idle buffers go, unless it runs (called under the lock)."""
+    global _reaper_pid
+    if _reaper_pid == os.getpid():
+        return
+    _reaper_pid = os.getpid()
+    threading.Thread(target=_reap, name="exactref-pool", daemon=True).start()
+
+
+def _reap() -> None:
+    global _reaper_pid
+    while True:
+        time.sleep(_IDLE)
+        _let_go_idle()
+        with _lock:
+            # (Under the lock, as empty() keeps a buffer: one kept from now on starts a new thread.)
+            if not _kept:
+                _reaper_pid = 0
+                return

@@ -1,0 +1,140 @@
+"""Large result arrays reuse the buffers of results no longer used (exactref/_pool.py).
+
+Whether two arrays share memory is asked of numpy (np.shares_memory), independently of the
+pool's own bookkeeping; a Result's values are compared with copies taken before later ops ran.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import exactref as er
+import exactref._pool as pool
+
+BIG = (1 << 21) + 8  # float64 elements: just over the pool's 16 MiB
+
+
+@pytest.fixture(autouse=True)
+def empty_pool():
+    pool.clear()
+    yield
+    pool.clear()
+
+
+def test_a_buffer_is_reused_only_once_no_array_uses_it():
+    a = pool.empty((BIG,), np.float64)
+    b = pool.empty((BIG,), np.float64)
+    assert not np.shares_memory(a, b)  # a is alive: b is another buffer
+    a[:] = 1.0
+    b[:] = 2.0
+    assert (a == 1.0).all()
+    del a
+    c = pool.empty((BIG,), np.float64)  # a's buffer, now unused
+    assert not np.shares_memory(b, c)
+    assert len(pool._kept) == 2
+
+
+def test_a_view_of_a_view_keeps_the_buffer_in_use():
+    a = pool.empty((2, BIG // 2), np.float64)
+    rest = a[1, 10:]  # numpy's base of a view is the buffer itself
+    del a
+    b = pool.empty((2, BIG // 2), np.float64)
+    assert not np.shares_memory(b, rest)
+    del rest, b
+    c = pool.empty((2, BIG // 2), np.float64)
+    assert len(pool._kept) == 2 and c.shape == (2, BIG // 2) and c.dtype == np.float64
+
+
+def test_only_a_buffer_of_the_same_size_and_only_large_arrays():
+    a = pool.empty((BIG,), np.float64)
+    del a
+    b = pool.empty((BIG + 1,), np.float64)  # the free buffer is too small, and a larger one would waste
+    assert len(pool._kept) == 2
+    small = pool.empty((1000,), np.float64)
+    assert small.base is None and len(pool._kept) == 2
+    del b
+    bools = pool.empty((BIG * 8,), np.bool_)  # the same bytes, another dtype: a buffer reused
+    assert bools.dtype == np.bool_ and len(pool._kept) == 2
+
+
+def test_at_most_max_kept_bytes_are_kept(monkeypatch):
+    monkeypatch.setattr(pool, "_MAX_KEPT", 3 * BIG * 8)
+    arrays = [pool.empty((BIG,), np.float64) for _ in range(5)]
+    assert len(pool._kept) == 3
+    assert all(a.base is None for a in arrays[3:])  # plain arrays beyond the bound
+    for i, a in enumerate(arrays):
+        a[:] = i
+    assert [float(a[0]) for a in arrays] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_buffer_goes_once_unused_for_the_idle_time():
+    a = pool.empty((BIG,), np.float64)
+    pool._kept[0].used -= 10 * pool._IDLE  # long ago
+    pool._let_go_idle()
+    assert len(pool._kept) == 1  # in use: kept, however long, and its idle time starts again
+    del a
+    pool._let_go_idle()
+    assert len(pool._kept) == 1  # unused only since the last look
+    pool._kept[0].used -= 10 * pool._IDLE
+    pool._let_go_idle()
+    assert not pool._kept
+
+
+def test_the_thread_lets_buffers_go_and_stops_when_none_is_kept(monkeypatch):
+    monkeypatch.setattr(pool, "_IDLE", 0.05)
+    a = pool.empty((BIG,), np.float64)
+    assert pool._reaper_pid != 0
+    del a
+    deadline = time.monotonic() + 10  # (a thread started earlier may still sleep the old idle time)
+    while (pool._kept or pool._reaper_pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not pool._kept and pool._reaper_pid == 0
+    b = pool.empty((BIG,), np.float64)  # a new buffer starts the thread again
+    assert len(pool._kept) == 1 and pool._reaper_pid != 0
+    del b
+
+
+def test_threads_never_get_one_buffer_twice():
+    got: list[np.ndarray] = []
+    lock = threading.Lock()
+
+    def take() -> None:
+        for _ in range(20):
+            a = pool.empty((BIG,), np.float64)
+            with lock:
+                got.append(a)
+                if len(got) > 6:
+                    got.pop(0)
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Every pair of arrays alive at the end is apart; no more buffers than arrays ever alive at once.
+    assert all(not np.shares_memory(x, y) for i, x in enumerate(got) for y in got[i + 1:])
+    assert len(pool._kept) <= 4 + 6
+
+
+def test_a_result_is_not_overwritten_by_later_ops_and_its_buffers_are_reused_once_gone():
+    rng = np.random.default_rng(2)
+
+    def operands() -> tuple[np.ndarray, np.ndarray]:
+        return (rng.standard_normal((1500, 8)).astype(np.float16),
+                rng.standard_normal((8, 1500)).astype(np.float16))
+    first = er.matmul(*operands())
+    kept = [np.array(getattr(first._parts[0], name)) for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "tolerance")]
+    assert pool._kept, "the case was meant to be large enough for the pool"
+    buffers = len(pool._kept)
+    second = er.matmul(*operands())
+    for name, value in zip(("rounded", "x_lo", "x_hi", "lo", "hi", "tolerance"), kept):
+        np.testing.assert_array_equal(getattr(first._parts[0], name), value)
+        assert not np.shares_memory(getattr(first._parts[0], name), getattr(second._parts[0], name))
+    assert len(pool._kept) == 2 * buffers
+    del first
+    third = er.matmul(*operands())  # first's buffers
+    assert len(pool._kept) == 2 * buffers
+    assert third.covers(third.rounded).all() and second.covers(second.rounded).all()
