@@ -6,6 +6,8 @@ pool's own bookkeeping; a Result's values are compared with copies taken before 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -15,7 +17,7 @@ import pytest
 import exactref as er
 import exactref._pool as pool
 
-BIG = (1 << 21) + 8  # float64 elements: just over the pool's 16 MiB
+BIG = pool._MIN_BYTES // 8 + 8  # float64 elements: just over the smallest size the pool keeps
 
 
 @pytest.fixture(autouse=True)
@@ -138,3 +140,25 @@ def test_a_result_is_not_overwritten_by_later_ops_and_its_buffers_are_reused_onc
     third = er.matmul(*operands())  # first's buffers
     assert len(pool._kept) == 2 * buffers
     assert third.covers(third.rounded).all() and second.covers(second.rounded).all()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_takes_buffers_though_the_lock_was_held_at_the_fork():
+    a = pool.empty((BIG,), np.float64)
+    with pool._lock:  # held by this thread at the fork: the child gets a new one
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                b = pool.empty((BIG,), np.float64)
+                code = 0 if pool._reaper_pid == os.getpid() and not np.shares_memory(a, b) else 2
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child hung on the pool's lock")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
