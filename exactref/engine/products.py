@@ -111,11 +111,11 @@ def _abs_float32(B: np.ndarray) -> tuple[np.ndarray, bool]:
     on one thread (line_profiler) before a matmul's blocks of rows could start.  No
     floating-point exception: |B| goes to float32 only where it fits.
     """
-    flat = B.reshape(-1) if B.flags.c_contiguous else None
-    if flat is None or B.size < 2 * _ABS_BLOCK:
+    if B.size < 2 * _ABS_BLOCK or not B.flags.c_contiguous:
         absB = np.abs(B)
         fits = _in_float32_range(absB)
         return (absB.astype(np.float32) if fits else absB), fits
+    flat = B.reshape(-1)
     out = np.empty(B.shape, dtype=np.float32)
     dst = out.reshape(-1)
     fits_all: list[bool] = []  # appends are atomic: the order does not matter
