@@ -19,8 +19,9 @@ it (numpy's ``base``), so a buffer that the pool alone references is used
 by no array: its reference count says so.  At most ``_MAX_KEPT`` bytes are
 kept; a buffer that has been unused for ``_IDLE`` seconds is let go (a
 thread checks every ``_IDLE`` seconds while any is kept, and stops when none
-is), so memory a deleted Result held goes back to the system within twice
-that time.  :func:`clear` lets every unused buffer go at once.
+is), so memory a deleted Result held is freed within twice that time, and
+malloc treats it as it did before.  :func:`clear` lets every unused buffer go
+at once.
 """
 
 from __future__ import annotations

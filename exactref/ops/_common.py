@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _pool
 from .._convert import (
     Operand,
     _plain,
@@ -22,7 +23,6 @@ from .._convert import (
     convert,
     format_of_dtype,
 )
-from .. import _pool
 from .._parallel import for_each_slice
 from .._threads import own_threads, small
 from ..engine.sumprod import Solution, Term, exact_fraction, solve, solve_in_blocks, specials
