@@ -117,11 +117,10 @@ def _start_reaper() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # A lock held by another thread at the fork stays held in the child: a new one.  The
-    # child's kept buffers are its own copies; no thread of its own checks them yet.
-    global _lock, _reaper_pid
+    # A lock held by another thread at the fork stays held in the child: a new one.  (Its
+    # kept buffers are its own copies; _reaper_pid, the parent's, makes it start its own thread.)
+    global _lock
     _lock = threading.Lock()
-    _reaper_pid = 0
 
 
 if hasattr(os, "register_at_fork"):
