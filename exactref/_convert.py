@@ -10,13 +10,13 @@ zero-dimensional array, or an array with dimensions: the three tiers of
 from __future__ import annotations
 
 import numbers
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ._parallel import _COPY_BLOCK, copy_array, copy_checked, elementwise
+from ._pool import physical_memory
 from .formats import (
     FLOAT8_FORMATS,
     FLOAT32,
@@ -29,21 +29,8 @@ from .formats import (
 )
 from .rounding import round_float64, to_dtype
 
-__all__ = ["PROMOTIONS", "SATURATIONS", "Operand", "asarray", "available_memory", "check_readable", "finite_values",
+__all__ = ["PROMOTIONS", "SATURATIONS", "Operand", "asarray", "check_readable", "finite_values",
            "format_of_dtype", "operand", "promote", "values_checked", "values_of"]
-
-_MEMORY: list[int] = []
-
-
-def available_memory() -> int:
-    """This machine's physical memory in bytes (16 GiB where it cannot be read)."""
-    if not _MEMORY:
-        try:
-            _MEMORY.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-        except (ValueError, OSError, AttributeError):
-            _MEMORY.append(16 << 30)
-    return _MEMORY[0]
-
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
@@ -72,10 +59,10 @@ def check_readable(obj: Any, name: str) -> None:
     for n in shape:
         size *= int(n)
     need = size * (itemsize + 16)  # its copy, and float64 (complex128) values at most
-    if need > available_memory() // 2:
+    if need > physical_memory() // 2:
         raise ValueError(f"{name} has shape {tuple(int(n) for n in shape)}: reading it needs about {_gib(need)} "
                          f"(a copy and its float64 values), more than half of this machine's "
-                         f"{_gib(available_memory())}; use a smaller input")
+                         f"{_gib(physical_memory())}; use a smaller input")
 
 
 def _shape_of(obj: Any) -> tuple[tuple[int, ...] | None, int]:

@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from .._parallel import for_each_slice
+from .._pool import empty
 from .fast import U64, Enclosure, _slices, _two_sum_into, _up_into, gamma, up
 
 __all__ = ["Right", "matmul_narrow", "matmul_sliced"]
@@ -48,8 +49,8 @@ def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True) -> Enclos
         step = max(1, _ROWS_BLOCK // max(math.prod(shape) // max(M, 1), 1))
         if step >= M:
             return right.times(A)
-        hi, lo, rad = (np.empty(shape) for _ in range(3))
-        S = np.empty(shape) if bound else None
+        hi, lo, rad = (empty(shape, np.float64) for _ in range(3))
+        S = empty(shape, np.float64) if bound else None
 
         def block(rows: slice) -> None:
             enc = right.times(A[..., rows, :])

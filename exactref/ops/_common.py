@@ -18,7 +18,6 @@ from .._convert import (
     Operand,
     _plain,
     asarray,
-    available_memory,
     check_readable,
     convert,
     format_of_dtype,
@@ -150,7 +149,7 @@ def check_size(op: str, elements: int, what: str) -> None:
 
 def check_bytes(op: str, need: int, what: str) -> None:
     """Refuse work that needs ``need`` bytes of working memory, more than half of this machine's."""
-    have = available_memory()
+    have = _pool.physical_memory()
     if need > have // 2:
         raise ValueError(f"{op}: {what} needs about {need / 2**30:.1f} GiB of working memory, "
                          f"more than half of this machine's {have / 2**30:.1f} GiB; use smaller inputs")

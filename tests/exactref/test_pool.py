@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -21,8 +22,10 @@ BIG = pool._MIN_BYTES // 8 + 8  # float64 elements: just over the smallest size 
 
 
 @pytest.fixture(autouse=True)
-def empty_pool():
-    pool.clear()
+def empty_pool(monkeypatch):
+    # Each test has a pool of its own: a failed test's arrays, which its traceback keeps alive,
+    # do not count against the next one.
+    monkeypatch.setattr(pool, "_kept", [])
     yield
     pool.clear()
 
@@ -64,13 +67,38 @@ def test_only_a_buffer_of_the_same_size_and_only_large_arrays():
 
 
 def test_at_most_max_kept_bytes_are_kept(monkeypatch):
-    monkeypatch.setattr(pool, "_MAX_KEPT", 3 * BIG * 8)
+    monkeypatch.setattr(pool, "_MAX_KEPT", [3 * BIG * 8])
     arrays = [pool.empty((BIG,), np.float64) for _ in range(5)]
     assert len(pool._kept) == 3
     assert all(a.base is None for a in arrays[3:])  # plain arrays beyond the bound
     for i, a in enumerate(arrays):
         a[:] = i
     assert [float(a[0]) for a in arrays] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_unused_buffers_of_other_sizes_make_room_the_longest_unused_first(monkeypatch):
+    monkeypatch.setattr(pool, "_MAX_KEPT", [3 * BIG * 8 + 64])
+    a, b, c = (pool.empty((BIG,), np.float64) for _ in range(3))
+    # (Weak references: a reference to a buffer would keep it in use.)
+    a_buf, c_buf = weakref.ref(a.base), weakref.ref(c.base)
+    del a
+    time.sleep(0.01)  # (c unused later than a)
+    del c
+    d = pool.empty((BIG + 4,), np.float64)  # no room for it until a's buffer, the longest unused, goes
+    assert a_buf() is None and c_buf() is not None
+    assert d.base is not None and len(pool._kept) == 3
+    e = pool.empty((2 * BIG,), np.float64)  # letting c's buffer go would not make room: none goes
+    assert e.base is None and c_buf() is not None and len(pool._kept) == 3
+    del b, d, e
+
+
+def test_the_bound_is_a_quarter_of_this_machines_memory_and_at_least_512_mib(monkeypatch):
+    monkeypatch.setattr(pool, "_MAX_KEPT", [])
+    monkeypatch.setattr(pool, "_MEMORY", [64 << 30])
+    assert pool.max_kept() == 16 << 30
+    monkeypatch.setattr(pool, "_MAX_KEPT", [])
+    monkeypatch.setattr(pool, "_MEMORY", [1 << 30])
+    assert pool.max_kept() == 512 << 20
 
 
 def test_a_buffer_goes_once_unused_for_the_idle_time():
@@ -163,3 +191,31 @@ def test_a_forked_child_takes_buffers_though_the_lock_was_held_at_the_fork():
         os.waitpid(pid, 0)
         pytest.fail("the child hung on the pool's lock")
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+def test_an_attention_result_keeps_its_first_pass_while_later_calls_reuse_memory(monkeypatch):
+    # The forward's arrays (the first pass, which the backward reads) stay in use while the Result
+    # lives; a second call's arrays are other buffers.  Checked against the same calls with nothing
+    # kept (a bound of 0 bytes): the values must be the same, bit for bit.
+    rng = np.random.default_rng(3)
+    shape = (1, 2, 512, 16)  # 2 x 512 x 512 float64 weights: 4 MiB, the smallest size kept
+
+    def draw() -> list[np.ndarray]:
+        return [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+    first, second = draw(), draw()
+
+    def run() -> list[np.ndarray]:
+        one = er.scaled_dot_product_attention(*first[:3])
+        two = er.scaled_dot_product_attention(*second[:3])
+        grads = one.backward(first[3])  # after the second call took its arrays
+        two.backward(second[3])
+        parts = [one, *(grads[name] for name in ("grad_query", "grad_key", "grad_value"))]
+        return [np.array(getattr(p, a)) for p in parts for a in ("rounded", "tolerance")]
+    kept = run()
+    assert len(pool._kept) >= 8, "the case was meant to be large enough for the pool"
+    monkeypatch.setattr(pool, "_MAX_KEPT", [0])
+    pool.clear()
+    fresh = run()
+    assert not pool._kept
+    for a, b in zip(kept, fresh):
+        np.testing.assert_array_equal(a, b)

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import exactref as er
-from exactref import _convert as convert_module
 from exactref import _parallel
+from exactref import _pool as pool_module
 from exactref.engine import sumprod as sumprod_module
 from exactref.ops import _common
 
@@ -242,7 +242,7 @@ def test_long_sum_stays_in_bounded_memory():
 @pytest.fixture
 def memory_16_gib(monkeypatch):
     """The guard's view of this machine: 16 GiB, whatever it has (the issue's cases assume no more)."""
-    monkeypatch.setattr(convert_module, "_MEMORY", [16 << 30])
+    monkeypatch.setattr(pool_module, "_MEMORY", [16 << 30])
 
 
 @pytest.mark.parametrize("side", [50000, 100000])

@@ -31,6 +31,7 @@ import mpmath
 import numpy as np
 
 from ..._parallel import for_each, for_each_slice
+from ..._pool import empty
 from ...engine.fast import gamma, two_prod, two_sum, up
 from ...engine.products import matmul_sliced
 from ._problem import Problem
@@ -86,8 +87,7 @@ def exp_bounded(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """exp(y) for float64 y <= 0 (or -inf), and a bound on its relative error; see :func:`_exp_block`."""
     y = np.asarray(y, dtype=np.float64)
     flat = y.reshape(-1)
-    w = np.empty_like(flat)
-    rel = np.empty_like(flat)
+    w, rel = empty(flat.shape, np.float64), empty(flat.shape, np.float64)
 
     def block(cut: slice) -> None:
         w[cut], rel[cut] = _exp_block(flat[cut])
@@ -187,7 +187,7 @@ def matmul_up(A: np.ndarray, B: np.ndarray, *, of: Callable[..., np.ndarray] | N
     shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1])
     M = shape[-2]
     step = max(1, _MATMUL_BLOCK // max(math.prod(shape) // max(M, 1), 1))
-    out = np.empty(shape)
+    out = empty(shape, np.float64)
 
     def block(rows: slice) -> None:
         with np.errstate(over="ignore", invalid="ignore"):
@@ -211,7 +211,7 @@ def matmul_rows(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """
     shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1])
     M = shape[-2]
-    out = np.empty(shape)
+    out = empty(shape, np.float64)
 
     def block(rows: slice) -> None:
         out[..., rows, :] = A[..., rows, :] @ B
@@ -269,7 +269,7 @@ def by_rows(fn, H: int, L: int, *arrays):
     def block(sl: slice) -> None:
         res = fn(*(x if f is None else f[sl] for x, f in zip(arrays, flat)))
         if not outs:
-            outs.extend(np.empty((n,) + r.shape[1:], dtype=r.dtype) for r in res)
+            outs.extend(empty((n,) + r.shape[1:], r.dtype) for r in res)
         for o, r in zip(outs, res):
             o[sl] = r
     # The first block's results' shapes and dtypes make the outputs; the rest side by side.
@@ -313,8 +313,8 @@ class _Rows:
 
     def __init__(self, n: int, S: int) -> None:
         self.n, self.S = n, S
-        self.Z, self.ez, self.w = (np.empty((n, S)) for _ in range(3))
-        self.P, self.P_up, self.e_P = (np.empty((n, S)) for _ in range(3))
+        self.Z, self.ez, self.w = (empty((n, S), np.float64) for _ in range(3))
+        self.P, self.P_up, self.e_P = (empty((n, S), np.float64) for _ in range(3))
         self.M, self.pi, self.logit_rowmax, self.epsbar = (np.empty(n) for _ in range(4))
         self.full = np.empty(n, dtype=bool)
         self.loose: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # see _loose_rows

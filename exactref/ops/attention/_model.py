@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..._parallel import for_each_slice
+from ..._pool import empty
 from ...engine.fast import gamma, up
 from ...formats import FLOAT32, Format
 from ._caps import backward_cap, ds_kernel_bound, forward_cap
@@ -161,7 +162,7 @@ class _Weights:
         sigma = math.sqrt(s)
         H, L = fp.unmasked.shape[:2]
         n = H * L
-        self.delta, self.rho = np.empty((n, S)), np.empty((n, S))
+        self.delta, self.rho = empty((n, S), np.float64), empty((n, S), np.float64)
         self.r = np.zeros(n)
         l1q = np.sum(np.abs(fp.Qh), axis=-1).reshape(n)
         l1k = np.sum(np.abs(fp.Kh), axis=-1)  # (H, S)

@@ -26,6 +26,7 @@ import mpmath
 import numpy as np
 
 from ..._parallel import for_each, serially
+from ..._pool import empty
 from ...engine.fast import up
 from ._first import TINY, FirstPass, expm1_up, ratio_error
 from ._problem import Problem
@@ -174,8 +175,8 @@ class _Rows:
         self.rows, self.h = rows, h
         self.unm = sp.fp.unmasked[h, rows]
         n, S = self.unm.shape
-        self.P = np.empty((n, S), dtype=LD)
-        self.P_f, self.e_P = np.empty((n, S)), np.empty((n, S))
+        self.P = empty((n, S), LD)
+        self.P_f, self.e_P = empty((n, S), np.float64), empty((n, S), np.float64)
         # Each row's weights are its own: a block of rows at a time, so that the temporaries (a
         # longdouble is 16 bytes) stay in the cache.  A whole head of 1024 x 1024 took 137 ms on its
         # own, in blocks of 64 rows 102 (minima of three).
@@ -230,7 +231,7 @@ class _Rows:
         """
         if not hasattr(self, "_D"):
             n, S = self.P.shape
-            self._D = (np.empty((n, S), dtype=LD), np.empty((n, S)), np.empty(n, dtype=LD), np.empty(n))
+            self._D = (empty((n, S), LD), empty((n, S), np.float64), np.empty(n, dtype=LD), np.empty(n))
             for sl in self._blocks():
                 self._row_sums(sp, sl)
         dP, e_dP, D, e_D = self._D
