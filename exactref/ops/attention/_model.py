@@ -162,8 +162,6 @@ class _Weights:
         sigma = math.sqrt(s)
         H, L = fp.unmasked.shape[:2]
         n = H * L
-        self.delta, self.rho = empty((n, S), np.float64), empty((n, S), np.float64)
-        self.r = np.zeros(n)
         l1q = np.sum(np.abs(fp.Qh), axis=-1).reshape(n)
         l1k = np.sum(np.abs(fp.Kh), axis=-1)  # (H, S)
         heads = np.repeat(np.arange(H), L)
@@ -174,14 +172,26 @@ class _Weights:
         self.prescaled = bool(model.prescaled_operands_in_input_format and fmt.p < acc.p)
         u_in, eta_in = (fmt.unit_roundoff, fmt.min_subnormal) if self.prescaled else (0.0, 0.0)
         self.u_in, self.eta_in = u_in, eta_in
-        coefs = (_g(E + 4, u) * s, k, nb, _g(S + nb, u), sigma, s, E,
-                 up((1 + _g(E + 4, u)) * u_in * s), eta_in)
+        # delta and h depend on the model only through its pre-scaling: a forward's model and its
+        # backward's (whose blocks differ) share them, and only r and rho are the model's own.
+        shared = fp.weights_cache.get(("delta", self.prescaled))
+        self.delta, self.h = shared if shared is not None else (empty((n, S), np.float64), np.empty(n))
+        self.rho = empty((n, S), np.float64)
+        self.r = np.zeros(n)
+        logit_coefs = (_g(E + 4, u) * s, sigma, s, E, up((1 + _g(E + 4, u)) * u_in * s), eta_in)
+        weight_coefs = (k, nb, _g(S + nb, u))
         step = max(1, _BLOCK // max(S, 1))
+        rowmax = fp.logit_rowmax.reshape(n)
 
         def block(sl: slice) -> None:
-            self._block(sl, {name: x[sl] for name, x in flat.items()}, None if add is None else add[sl],
-                        fp.M.reshape(n)[sl], fp.logit_rowmax.reshape(n)[sl], l1q[sl], l1k[heads[sl]], coefs)
+            f = {name: x[sl] for name, x in flat.items()}
+            if shared is None:
+                self._logit_block(sl, f, None if add is None else add[sl], fp.M.reshape(n)[sl], l1q[sl],
+                                  l1k[heads[sl]], logit_coefs)
+            self._weight_block(sl, f["unmasked"], rowmax[sl], weight_coefs)
         for_each_slice(block, n, step)  # independent blocks of rows, side by side
+        if shared is None:
+            fp.weights_cache[("delta", self.prescaled)] = (self.delta, self.h)
         self.delta, self.rho = self.delta.reshape(H, L, S), self.rho.reshape(H, L, S)
         self.r = self.r.reshape(H, L)
         F = (1 + k * u) / (1 - k * u) / ((1 - _g(S + nb, u)) * (1 - u) ** 2)
@@ -214,11 +224,11 @@ class _Weights:
             self.row_overflow = self.row_overflow | qpre | kpre[:, None]
 
 
-    def _block(self, sl: slice, f: dict[str, np.ndarray], m: np.ndarray | None, M: np.ndarray,
-               rowmax: np.ndarray, l1q: np.ndarray, l1k: np.ndarray, coefs: tuple) -> None:
-        """delta, r and rho of the rows ``sl`` (flattened heads and rows); ``f`` holds the first pass's rows."""
+    def _logit_block(self, sl: slice, f: dict[str, np.ndarray], m: np.ndarray | None, M: np.ndarray,
+                     l1q: np.ndarray, l1k: np.ndarray, coefs: tuple) -> None:
+        """delta and h of the rows ``sl`` (flattened heads and rows); ``f`` holds the first pass's rows."""
         u, eta = self.u, self.eta
-        g_logit, k, nb, g_sum, sigma, s, E, pre, eta_in = coefs
+        g_logit, sigma, s, E, pre, eta_in = coefs
         S = f["Z"].shape[-1]
         unmasked = f["unmasked"]
         with np.errstate(over="ignore", invalid="ignore"):
@@ -234,12 +244,20 @@ class _Weights:
             if pre:
                 delta = delta + pre * f["A"] + eta_in * (l1q[:, None] + l1k)
             delta = up(np.where(unmasked, delta, 0.0))
-            h = np.sum(f["P_up"] * expm1_up(delta), axis=-1)
+            self.h[sl] = np.sum(f["P_up"] * expm1_up(delta), axis=-1)
+        self.delta[sl] = delta
+
+    def _weight_block(self, sl: slice, unmasked: np.ndarray, rowmax: np.ndarray, coefs: tuple) -> None:
+        """r and rho of the rows ``sl``, from their delta and h."""
+        u = self.u
+        k, nb, g_sum = coefs
+        delta, h = self.delta[sl], self.h[sl]
+        with np.errstate(over="ignore", invalid="ignore"):
             r = (nb - 1) * (2 * (k + 2) * u + 4 * u * rowmax) if nb > 1 else np.zeros_like(h)
             F = (1 + k * u) / (1 - k * u) / ((1 - g_sum) * (1 - u) ** 2)
             rho = up((1 + expm1_up(delta + r[..., None])) * (F * (1 + 2 ** -50)) / (1 - h[..., None]) - 1)
             rho = np.where((h < 0.5)[..., None] & np.isfinite(rho), rho, np.inf)
-        self.delta[sl], self.r[sl] = delta, r
+        self.r[sl] = r
         self.rho[sl] = np.where(unmasked, rho, 0.0)
 
 
