@@ -20,10 +20,13 @@ by no array: its reference count says so.  At most :func:`max_kept` bytes
 are kept, buffers in use included (a quarter of this machine's memory, and
 at least 512 MiB): to keep a new buffer past it, the unused buffers of
 other sizes are let go first, the longest unused first.  A buffer that has
-been unused for ``_IDLE`` seconds is let go (a thread checks every
-``_IDLE`` seconds while any is kept, and stops when none is), so memory a
-deleted Result held is freed within twice that time, and malloc treats it
-as it did before.  :func:`clear` lets every unused buffer go at once.
+been unused for ``_IDLE`` seconds while no large op ran is let go (a
+thread checks every ``_IDLE`` seconds while any is kept, and stops when
+none is), so memory a deleted Result held is freed within twice that time
+of the last op, and malloc treats it as it did before.  The time an op
+runs does not count: a float16 1x4x2048x128 attention forward takes about
+3 s, so the arrays only its backward uses went between one call's backward
+and the next's, and were faulted in again.  :func:`clear` lets every unused buffer go at once.
 
 Attention's working arrays come from here too.  A float32 1x8x1024x64
 forward and backward makes about 2 GB of them, in arrays of a few sizes,
@@ -44,7 +47,7 @@ import time
 
 import numpy as np
 
-__all__ = ["clear", "empty", "max_kept", "physical_memory"]
+__all__ = ["clear", "empty", "max_kept", "op_ended", "op_started", "physical_memory"]
 
 # Only arrays at least this large.  A float32 1024^3 matmul (arrays of 8 MiB) took 63-64 ms with
 # them reused against 71-73 without; at 512^3 (2 MiB, which glibc's heap keeps) no difference.
@@ -58,6 +61,7 @@ _lock = threading.Lock()
 _kept: list[_Buffer] = []
 _MEMORY: list[int] = []  # this machine's memory, once read
 _MAX_KEPT: list[int] = []  # max_kept(), once computed (a test may set it)
+_ops = 0  # large ops running now, all threads together (exactref/_threads.py)
 _reaper_pid = 0  # the process whose reaper thread runs (a forked child starts its own)
 
 
@@ -145,13 +149,30 @@ def clear() -> None:
         _kept[:] = [b for b in _kept if not _free(b)]
 
 
+def op_started() -> None:
+    """A large op begins: until it ends, no buffer's idle time counts."""
+    global _ops
+    with _lock:
+        _ops += 1
+
+
+def op_ended() -> None:
+    """A large op that :func:`op_started` began ends: idle times count from now."""
+    global _ops
+    with _lock:
+        _ops = max(_ops - 1, 0)
+        now = time.monotonic()
+        for b in _kept:
+            b.used = now
+
+
 def _let_go_idle() -> None:
-    """Let go the buffers unused for ``_IDLE`` seconds."""
+    """Let go the buffers unused for ``_IDLE`` seconds while no large op ran."""
     now = time.monotonic()
     with _lock:
         for b in _kept:
-            if not _free(b):
-                b.used = now  # in use: its idle time starts when its arrays are gone
+            if _ops or not _free(b):
+                b.used = now  # in use, or an op runs: its idle time starts later
         _kept[:] = [b for b in _kept if now - b.used < _IDLE]
 
 
@@ -167,8 +188,9 @@ def _start_reaper() -> None:
 def _after_fork_in_child() -> None:
     # A lock held by another thread at the fork stays held in the child: a new one.  (Its
     # kept buffers are its own copies; _reaper_pid, the parent's, makes it start its own thread.)
-    global _lock
+    global _lock, _ops
     _lock = threading.Lock()
+    _ops = 0  # (the ops of other threads, which the child has not)
 
 
 if hasattr(os, "register_at_fork"):

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-from . import _malloc
+from . import _malloc, _pool
 
 __all__ = ["own_threads", "small", "width"]
 
@@ -110,6 +110,9 @@ class _OwnThreads:
         _local.depth = depth + 1
         if depth == 0 and self._limits:
             try:
+                # While a large op runs, kept buffers do not go for idleness (exactref/_pool.py).
+                _pool.op_started()
+                _local.pool = True
                 # A large op also keeps the memory numpy frees, to reuse it (exactref/_malloc.py).
                 _local.malloc = _malloc.hold()
                 if _enabled:
@@ -118,6 +121,7 @@ class _OwnThreads:
                 _local.depth = depth
                 _restore()
                 _release_malloc()
+                _end_pool()
                 raise
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -126,12 +130,19 @@ class _OwnThreads:
         if _local.depth == 0:
             _restore()
             _release_malloc()
+            _end_pool()
 
 
 def _release_malloc() -> None:
     if getattr(_local, "malloc", False):
         _local.malloc = False
         _malloc.release()
+
+
+def _end_pool() -> None:
+    if getattr(_local, "pool", False):
+        _local.pool = False
+        _pool.op_ended()
 
 
 _OWN = _OwnThreads(True)

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 import exactref as er
+import exactref._malloc as malloc
 import exactref._pool as pool
+from exactref._threads import own_threads
 
 BIG = pool._MIN_BYTES // 8 + 8  # float64 elements: just over the smallest size the pool keeps
 
@@ -112,6 +114,35 @@ def test_a_buffer_goes_once_unused_for_the_idle_time():
     pool._kept[0].used -= 10 * pool._IDLE
     pool._let_go_idle()
     assert not pool._kept
+
+
+def test_the_time_a_large_op_runs_does_not_count_as_idle():
+    a = pool.empty((BIG,), np.float64)
+    del a
+    with own_threads():  # a large op (it takes the BLAS limit), as er.matmul's
+        assert pool._ops == 1
+        pool._kept[0].used -= 10 * pool._IDLE  # unused since long ago, but an op runs
+        pool._let_go_idle()
+        assert len(pool._kept) == 1
+        pool._kept[0].used -= 10 * pool._IDLE
+    assert pool._ops == 0
+    pool._let_go_idle()
+    assert len(pool._kept) == 1  # its idle time counts from the op's end
+    pool._kept[0].used -= 10 * pool._IDLE
+    pool._let_go_idle()
+    assert not pool._kept
+
+
+def test_an_op_that_fails_to_start_leaves_no_op_running(monkeypatch):
+    def fail() -> bool:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(malloc, "hold", fail)
+    with pytest.raises(KeyboardInterrupt):
+        with own_threads():
+            pass
+    assert pool._ops == 0
+    with own_threads(limit=False):  # a small op pauses nothing
+        assert pool._ops == 0
 
 
 def test_the_thread_lets_buffers_go_and_stops_when_none_is_kept(monkeypatch):
