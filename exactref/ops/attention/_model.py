@@ -178,26 +178,25 @@ class _Weights:
         self.delta, self.h = shared if shared is not None else (empty((n, S), np.float64), np.empty(n))
         self.rho = empty((n, S), np.float64)
         self.r = np.zeros(n)
+        self.nb = nb
+        # The exp's and the sums' budget: rho's factor, and kept for the caps (_caps.py), which need
+        # the logit errors and this budget themselves.
+        self.F = (1 + k * u) / (1 - k * u) / ((1 - _g(S + nb, u)) * (1 - u) ** 2) * (1 + 2 ** -50)
         logit_coefs = (_g(E + 4, u) * s, sigma, s, E, up((1 + _g(E + 4, u)) * u_in * s), eta_in)
-        weight_coefs = (k, nb, _g(S + nb, u))
         step = max(1, _BLOCK // max(S, 1))
-        rowmax = fp.logit_rowmax.reshape(n)
+        M, rowmax = fp.M.reshape(n), fp.logit_rowmax.reshape(n)
 
         def block(sl: slice) -> None:
             f = {name: x[sl] for name, x in flat.items()}
             if shared is None:
-                self._logit_block(sl, f, None if add is None else add[sl], fp.M.reshape(n)[sl], l1q[sl],
-                                  l1k[heads[sl]], logit_coefs)
-            self._weight_block(sl, f["unmasked"], rowmax[sl], weight_coefs)
+                self._logit_block(sl, f, None if add is None else add[sl], M[sl], l1q[sl], l1k[heads[sl]],
+                                  logit_coefs)
+            self._weight_block(sl, f["unmasked"], rowmax[sl], k)
         for_each_slice(block, n, step)  # independent blocks of rows, side by side
         if shared is None:
             fp.weights_cache[("delta", self.prescaled)] = (self.delta, self.h)
         self.delta, self.rho = self.delta.reshape(H, L, S), self.rho.reshape(H, L, S)
         self.r = self.r.reshape(H, L)
-        F = (1 + k * u) / (1 - k * u) / ((1 - _g(S + nb, u)) * (1 - u) ** 2)
-        self.nb = nb
-        # Kept for the caps (_caps.py), which need the logit errors and the exp's budget themselves.
-        self.F = F * (1 + 2 ** -50)
         m_abs = 0.0 if pb.additive is None else np.abs(pb.additive)
         # Where a logit, q sqrt(s) or k sqrt(s) may overflow acc, NaN and inf are acceptable.
         big = acc.max_finite / 2
@@ -247,15 +246,13 @@ class _Weights:
             self.h[sl] = np.sum(f["P_up"] * expm1_up(delta), axis=-1)
         self.delta[sl] = delta
 
-    def _weight_block(self, sl: slice, unmasked: np.ndarray, rowmax: np.ndarray, coefs: tuple) -> None:
-        """r and rho of the rows ``sl``, from their delta and h."""
-        u = self.u
-        k, nb, g_sum = coefs
+    def _weight_block(self, sl: slice, unmasked: np.ndarray, rowmax: np.ndarray, k: float) -> None:
+        """r and rho of the rows ``sl``, from their delta and h (``k``: the exp's error in units of u)."""
+        u, nb = self.u, self.nb
         delta, h = self.delta[sl], self.h[sl]
         with np.errstate(over="ignore", invalid="ignore"):
             r = (nb - 1) * (2 * (k + 2) * u + 4 * u * rowmax) if nb > 1 else np.zeros_like(h)
-            F = (1 + k * u) / (1 - k * u) / ((1 - g_sum) * (1 - u) ** 2)
-            rho = up((1 + expm1_up(delta + r[..., None])) * (F * (1 + 2 ** -50)) / (1 - h[..., None]) - 1)
+            rho = up((1 + expm1_up(delta + r[..., None])) * self.F / (1 - h[..., None]) - 1)
             rho = np.where((h < 0.5)[..., None] & np.isfinite(rho), rho, np.inf)
         self.r[sl] = r
         self.rho[sl] = np.where(unmasked, rho, 0.0)
