@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -140,6 +141,34 @@ def _slice_exponent(K: int) -> int:
     return max(1, (53 - max(K - 1, 1).bit_length()) // 2)
 
 
+def _quick_exponents(K: int) -> tuple[int, int]:
+    """(beta_a, beta_b) of the quick cut: A's two slices of beta_a bits and B's one of beta_b bits
+    leave remainders of about 2**(-2 beta_a) and 2**(-beta_b) of the values, balanced; K
+    products of a slice of each still sum below 2**53 units (beta_a + beta_b is _slice_exponent's
+    budget)."""
+    budget = 53 - max(K - 1, 1).bit_length()
+    return budget // 3, budget - budget // 3
+
+
+# The quick cut is taken for K up to this (see Right).
+_QUICK_MAX_K = 512
+
+
+@dataclass
+class _Slicing:
+    """B cut into slices (one column at a time) for products with A's two slices of ``beta_a`` bits:
+    ``B = sum(slices) + RB``; ``lowB`` the lowest unit exponent per column (see fast._slices);
+    ``rows`` the rank-one bounds' rows (max |RB|, and sum |B| rounded up, per column)."""
+
+    beta_a: int
+    slices: list[np.ndarray]
+    RB: np.ndarray
+    lowB: np.ndarray
+    rows: np.ndarray
+    RB_cols: np.ndarray  # the columns of B with a remainder
+    RB_any: bool
+
+
 # Values of B per block of its columns prepared at a time (1 MiB of float64).
 _PREPARE_BLOCK = 1 << 17
 
@@ -166,9 +195,25 @@ class Right:
     exactly the sum of the four exact slice products, which the enclosure
     keeps as its ``pieces`` if ``pieces`` is True; a remainder that is zero
     altogether is not multiplied.
+
+    With ``quick``, for K up to ``_QUICK_MAX_K``, B is cut into one slice
+    instead, of beta_b bits, against A's two of beta_a bits
+    (:func:`_quick_exponents`: the same budget, beta_a + beta_b, so ``A0 B0``
+    and ``A1 B0`` are exact).  The rest, the same expression with ``B0`` for
+    ``B0 + B1``, is about 2**(-2 beta_a) + 2**(-beta_b) of the result (2**-28
+    at K = 512): four BLAS products instead of six.  On standard normal
+    inputs that leaves about 0.07% of the float64 roundings undecided at
+    K = 512, 0.21% at 1024 and 0.82% at 2048.  Their exact path cost about
+    what the two products save at 1024 (436 against 446 ms of CPU time a
+    call) and far more at 2048 (4.8 s against 2.8): hence the limit.  The
+    enclosure is looser, not less sure: its radius bounds the same kind of
+    rest.  ``times(A, fine=True)`` gives the six products' enclosure (B's
+    two slices made on first demand), for a block whose quick enclosure
+    leaves too many elements undecided (exactref/engine/sumprod.py).
     """
 
-    def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False, bound: bool = True) -> None:
+    def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False, bound: bool = True,
+                 quick: bool = False) -> None:
         self.B = B
         self.narrow = narrow
         self.pieces = pieces
@@ -179,47 +224,71 @@ class Right:
         self.lock = threading.Lock()  # the blocks share it (exactref/_parallel.py)
         K = B.shape[-2]
         self.K = K
+        self.fine: _Slicing | None = None  # B cut for six products (made on demand after a quick cut)
+        self.fine_lock = threading.Lock()
+        self.cut: _Slicing | None = None  # B cut for the products (none without terms: K = 0)
         if narrow or K == 0:
             self.absB, self.in32 = _abs_float32(B)
             return
-        self.beta = _slice_exponent(K)
-        self._prepare_sliced(B)
+        if quick and K <= _QUICK_MAX_K:
+            self.cut = self._prepare_sliced(B, *_quick_exponents(K), count=1, first=True)
+        else:
+            beta = _slice_exponent(K)
+            self.cut = self.fine = self._prepare_sliced(B, beta, beta, count=2, first=True)
 
-    def _prepare_sliced(self, B: np.ndarray) -> None:
-        """|B| (in float32 where that is safe), B's slices, and the rank-one bounds' rows, from
+    @property
+    def refinable(self) -> bool:
+        """Whether ``times(A, fine=True)`` gives a tighter enclosure than ``times(A)``: B's quick cut."""
+        return not self.narrow and self.K > 0 and self.cut is not self.fine
+
+    def _fine(self) -> _Slicing:
+        """B cut for the six products, made once, by the first block that asks."""
+        with self.fine_lock:
+            if self.fine is None:
+                beta = _slice_exponent(self.K)
+                self.fine = self._prepare_sliced(self.B, beta, beta, count=2, first=False)
+            return self.fine
+
+    def _prepare_sliced(self, B: np.ndarray, beta_a: int, beta_b: int, count: int, first: bool) -> _Slicing:
+        """B cut into ``count`` slices of ``beta_b`` bits per column, for A's two of ``beta_a`` bits, with
+        the rank-one bounds' rows; and, ``first`` time, |B| (in float32 where that is safe).  From
         blocks of B's columns side by side (exactref/_parallel.py): each column is cut alone."""
         N = B.shape[-1]
-        self.B0, self.B1, self.RB = (np.empty(B.shape) for _ in range(3))
-        abs32 = np.empty(B.shape if self.bound else (0,), dtype=np.float32)
-        self.lowB = np.empty(B.shape[:-2] + (N,), dtype=np.int64)
-        self.rows = np.empty(B.shape[:-2] + (2, N))
-        self.RB_cols = np.empty(B.shape[:-2] + (N,), dtype=bool)  # the columns of B with a remainder
+        slices = [np.empty(B.shape) for _ in range(count)]
+        RB = np.empty(B.shape)
+        abs32 = np.empty(B.shape if self.bound and first else (0,), dtype=np.float32)
+        lowB = np.empty(B.shape[:-2] + (N,), dtype=np.int64)
+        rows = np.empty(B.shape[:-2] + (2, N))
+        RB_cols = np.empty(B.shape[:-2] + (N,), dtype=bool)  # the columns of B with a remainder
         in32: list[bool] = []  # appends are atomic: the order does not matter
         g = 1 + 2 * gamma(self.K, U64)  # a float64 sum of K terms errs by at most gamma_K relative
 
         def block(cut: slice) -> None:
             part = B[..., cut]
             absB = np.abs(part)
-            fits = self.bound and _in_float32_range(absB)
+            fits = self.bound and first and _in_float32_range(absB)
             in32.append(fits)
             if fits:  # (used only if every block fits)
                 abs32[..., cut] = absB
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-                (self.B0[..., cut], self.B1[..., cut]), RB, self.lowB[..., cut] = _slices(part, -2, self.beta, 2, absB)
-                self.RB[..., cut] = RB
-                self.rows[..., 0:1, cut] = np.max(np.abs(RB), axis=-2, keepdims=True, initial=0.0)
-                self.rows[..., 1:2, cut] = up(np.sum(absB, axis=-2, keepdims=True) * g)
-            self.RB_cols[..., cut] = np.any(RB != 0, axis=-2)
+                pieces, rest, lowB[..., cut] = _slices(part, -2, beta_b, count, absB)
+                for whole, piece in zip(slices, pieces):
+                    whole[..., cut] = piece
+                RB[..., cut] = rest
+                rows[..., 0:1, cut] = np.max(np.abs(rest), axis=-2, keepdims=True, initial=0.0)
+                rows[..., 1:2, cut] = up(np.sum(absB, axis=-2, keepdims=True) * g)
+            RB_cols[..., cut] = np.any(rest != 0, axis=-2)
         # Columns per block: about _PREPARE_BLOCK values of B each.
         step = max(1, _PREPARE_BLOCK // max(B.size // max(N, 1), 1))
         if step >= N:
             block(slice(None))
         else:
             for_each_slice(block, N, step)
-        self.in32 = all(in32)
-        if self.bound:
-            self.absB = abs32 if self.in32 else np.abs(B)
-        self.RB_any = bool(self.RB_cols.any())
+        if first:
+            self.in32 = all(in32)
+            if self.bound:
+                self.absB = abs32 if self.in32 else np.abs(B)
+        return _Slicing(beta_a, slices, RB, lowB, rows, RB_cols, bool(RB_cols.any()))
 
     def transpose_for(self, count: int) -> np.ndarray | None:
         """B's transpose (..., N, K), contiguous, to gather ``count`` more columns of B from; or None,
@@ -273,9 +342,12 @@ class Right:
         np.add(S, K * 2.0 ** -149, out=S)
         return _up_into(S)
 
-    def times(self, A: np.ndarray) -> Enclosure:
-        """The enclosure of ``A @ B`` (float64 exceptions are expected: call it under np.errstate)."""
-        return self._narrow(A) if self.narrow else self._sliced(A)
+    def times(self, A: np.ndarray, *, fine: bool = False) -> Enclosure:
+        """The enclosure of ``A @ B`` (float64 exceptions are expected: call it under np.errstate);
+        ``fine``: from the six products, where B has a quick cut (:attr:`refinable`)."""
+        if self.narrow:
+            return self._narrow(A)
+        return self._sliced(A, self._fine() if fine and self.refinable else self.cut)
 
     def _narrow(self, A: np.ndarray) -> Enclosure:
         hi = A @ self.B
@@ -286,60 +358,70 @@ class Right:
         rad = up(g * S) if g else np.zeros(hi.shape)
         return Enclosure(hi, np.zeros(hi.shape), rad, S, lo_zero=True)
 
-    def _sliced(self, A: np.ndarray) -> Enclosure:
+    def _sliced(self, A: np.ndarray, cut: _Slicing | None) -> Enclosure:
         K = self.K
         absA = np.abs(A) if K else None
         S = self.abs_bound(A, absA) if self.bound else None
         if K == 0:
             z = np.zeros(self.out_shape(A))
             return Enclosure(z, z.copy(), z.copy(), S)
-        (A0, A1), RA, lowA = _slices(A, -1, self.beta, 2, absA)
+        if cut is None:
+            raise RuntimeError(f"products: B of shape {self.B.shape} has no cut for K = {K}")  # (never: K > 0)
+        (A0, A1), RA, lowA = _slices(A, -1, cut.beta_a, 2, absA)
         del absA
         RA_rows = np.any(RA != 0, axis=-1)  # the rows of A with a remainder
         # The products' own arrays are reused (in place: the same operations).  Each two-sum
-        # is exact, so hi + e1 + e2 + e3 is (A0 + A1)(B0 + B1) exactly.
-        hi, e1 = _two_sum_into(A0 @ self.B0, A0 @ self.B1)
-        hi, e2 = _two_sum_into(hi, A1 @ self.B0)
-        hi, e3 = _two_sum_into(hi, A1 @ self.B1)
+        # is exact, so hi plus the errors is (A0 + A1)(B0 [+ B1]) exactly.
+        pairs = [(a, b) for a in (A0, A1) for b in cut.slices]
+        hi = A0 @ cut.slices[0]
+        errors: list[np.ndarray] = []
+        for a, b in pairs[1:]:
+            hi, e = _two_sum_into(hi, a @ b)
+            errors.append(e)
+        del pairs
         # The rest, A0 RB + A1 RB + RA B, as (A0 + A1) RB + RA B: B1 + RB would be one more
         # array of B's size to keep.  A0 + A1 is exact: it is A itself where A1's unit 2**u1
         # is at most ulp(A); otherwise a multiple of 2**u1 of magnitude below
         # |A| + 2**(u1 - 1), at most 2**52 units.
         A0 += A1
         del A1
-        rest = A0 @ self.RB if self.RB_any else np.zeros(hi.shape)
+        rest = A0 @ cut.RB if cut.RB_any else np.zeros(hi.shape)
         if RA_rows.any():
             rest += RA @ self.B
         pieces = exact = None
-        if self.pieces:  # where rows and columns have no remainder, hi + e1 + e2 + e3 is the value
-            exact = ~RA_rows[..., :, None] & ~self.RB_cols[..., None, :]
+        if self.pieces:  # where rows and columns have no remainder, hi plus the errors is the value
+            exact = ~RA_rows[..., :, None] & ~cut.RB_cols[..., None, :]
             if exact.any():  # kept apart from lo's roundings
-                pieces = (hi, e1.copy(), e2.copy(), e3.copy())
-        t12 = np.add(e1, e2, out=e1)
-        t = np.add(t12, e3, out=e2)
-        lo = np.add(t, rest, out=rest)
+                pieces = (hi, *(e.copy() for e in errors))
+        # lo = ((e1 [+ e2]) [+ e3]) + rest, each partial sum in the memory of an error it has read.
+        partials = []
+        for k in range(1, len(errors)):
+            partials.append(np.add(errors[k - 1] if k == 1 else partials[-1], errors[k], out=errors[k - 1]))
+        lo = np.add(partials[-1] if partials else errors[0], rest, out=rest)
         g = 1 + 2 * gamma(K, U64)
         cols = np.concatenate([up(np.sum(np.abs(A0), axis=-1, keepdims=True) * g),
                                np.max(np.abs(RA), axis=-1, keepdims=True, initial=0.0)], axis=-1)
         del A0, RA
         # sum|A0 + A1||RB| + |RA||B| <= R, by a rank-one bound for each piece; rounded up
         # twice for the float64 products of two terms.
-        R = _up_into(_up_into(cols @ self.rows))
+        R = _up_into(_up_into(cols @ cut.rows))
         # The two products err by gamma_K R plus half a subnormal per product that
         # underflows, their addition by about u R (counted as three); forming lo costs
         # u (|t12| + |t| + |lo|):
-        # rad = up(gamma_{K+3} R + U64 (|t12| + |t| + |lo|) + 3 K 2**-1074), in place.
-        tl = np.abs(t12, out=t12)
-        np.add(tl, np.abs(t, out=t), out=tl)
-        np.add(tl, np.abs(lo, out=e3), out=tl)
+        # rad = up(gamma_{K+3} R + U64 (|t12| + |t| + |lo|) + 3 K 2**-1074), in place (with the
+        # quick cut, lo = e1 + rest is the one rounding: U64 |lo|).
+        sizes = [np.abs(p, out=p) for p in partials] + [np.abs(lo, out=errors[-1])]
+        tl = sizes[0]
+        for size in sizes[1:]:
+            np.add(tl, size, out=tl)
         np.multiply(tl, U64, out=tl)
         rad = np.multiply(R, gamma(K + 3, U64), out=R)
         np.add(rad, tl, out=rad)
         np.add(rad, 3 * K * 2.0 ** -1074, out=rad)
         rad = _up_into(rad)
-        del tl, t, e3
+        del tl, sizes, partials, errors
         # A slice product whose unit underflows float64 is not exact.
-        tiny = (lowA[..., :, None] + self.lowB[..., None, :]) < -1074 + 53
+        tiny = (lowA[..., :, None] + cut.lowB[..., None, :]) < -1074 + 53
         ok = np.isfinite(hi)
         ok &= np.isfinite(lo)
         if S is not None:

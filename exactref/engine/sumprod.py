@@ -69,11 +69,16 @@ class MatmulTerm:
     def prepare(self) -> None:
         """Prepare B, once for all the blocks of rows."""
         if self.right is None:
-            self.right = products.Right(self.B, narrow=self.narrow, pieces=True)
+            self.right = products.Right(self.B, narrow=self.narrow, pieces=True, quick=True)
 
-    def enclose(self, shape: tuple[int, ...]) -> fast.Enclosure:
+    @property
+    def refinable(self) -> bool:
+        """Whether ``enclose(shape, fine=True)`` is the tighter (products.Right's quick cut)."""
+        return self.right is not None and self.right.refinable
+
+    def enclose(self, shape: tuple[int, ...], fine: bool = False) -> fast.Enclosure:
         self.prepare()
-        return self.right.times(self.A)
+        return self.right.times(self.A, fine=fine)
 
     def rows(self, start: int, stop: int, shape: tuple[int, ...]) -> MatmulTerm:
         """The term of the output rows ``start:stop`` (axis -2)."""
@@ -121,7 +126,9 @@ class RowTerm:
     def length(self) -> int:
         return self.X.shape[-1]
 
-    def enclose(self, shape: tuple[int, ...]) -> fast.Enclosure:
+    refinable = False  # (see MatmulTerm)
+
+    def enclose(self, shape: tuple[int, ...], fine: bool = False) -> fast.Enclosure:
         if self.known is not None and np.shape(self.known.hi) == shape:
             return self.known
         X = np.broadcast_to(self.X, self.shape_with(shape))
@@ -190,8 +197,8 @@ class Solution:
     undecided: int
 
 
-def _enclose(term: Term, shape: tuple[int, ...]) -> fast.Enclosure:
-    enc = term.enclose(shape)
+def _enclose(term: Term, shape: tuple[int, ...], fine: bool) -> fast.Enclosure:
+    enc = term.enclose(shape, fine)
     hi, lo, rad, S = enc.hi, enc.lo, enc.rad, enc.S
     if (type(hi) is np.ndarray and type(lo) is np.ndarray and type(rad) is np.ndarray and type(S) is np.ndarray
             and hi.shape == lo.shape == rad.shape == S.shape == shape):
@@ -200,15 +207,16 @@ def _enclose(term: Term, shape: tuple[int, ...]) -> fast.Enclosure:
                             for v in (enc.hi, enc.lo, enc.rad, enc.S)))
 
 
-def enclose(terms: list[Term], shape: tuple[int, ...]) -> fast.Enclosure:
-    """The fast-path enclosure of ``sum(coef * term)`` and the bound S on sum|coef * products|."""
+def enclose(terms: list[Term], shape: tuple[int, ...], fine: bool = False) -> fast.Enclosure:
+    """The fast-path enclosure of ``sum(coef * term)`` and the bound S on sum|coef * products|
+    (``fine``: each term's tighter one, where it has one)."""
     # A term with a zero coefficient is exactly zero (its inputs are finite here),
     # and enclosing it could only bring 0 * inf into the bounds.
     terms = [t for t in terms if t.coef != 0]
     if not terms:
         z = np.zeros(shape)
         return fast.Enclosure(z, z.copy(), z.copy(), z.copy())
-    encs = [(t.coef, _enclose(t, shape)) for t in terms]
+    encs = [(t.coef, _enclose(t, shape, fine)) for t in terms]
     if len(encs) == 1 and encs[0][0] == 1.0:
         return encs[0][1]
     parts: list[np.ndarray] = []
@@ -325,11 +333,13 @@ def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:
 
 def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
     enc = enclose(terms, shape)
-    if fmt.p == 53:
-        rounded, x_lo, x_hi, decided = _decide_float64(enc.hi, enc.lo, enc.rad)
-    else:
-        x_lo, x_hi = _bounds_lo_zero(enc.hi, enc.rad) if enc.lo_zero else enclosure_bounds(enc.hi, enc.lo, enc.rad)
-        rounded, decided = _decide_narrow(x_lo, x_hi, fmt)
+    rounded, x_lo, x_hi, decided = _decide(enc, fmt)
+    size = int(np.prod(shape, dtype=np.int64))
+    if size - np.count_nonzero(decided) > size * _REFINE_SHARE and any(t.refinable for t in terms):
+        # The quick enclosure left too many for the exact path (cancelling sums, say): the
+        # six products' enclosure decides nearly all of them (products.Right).
+        enc = enclose(terms, shape, fine=True)
+        rounded, x_lo, x_hi, decided = _decide(enc, fmt)
     S = np.asarray(enc.S, dtype=np.float64).reshape(shape)
     # Fresh, writable float64 arrays (the undecided elements are written in below).
     rounded, x_lo, x_hi = (_fresh(v).reshape(shape) for v in (rounded, x_lo, x_hi))
@@ -354,6 +364,20 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solu
             _exact_round(terms, shape, idx[start:start + step], fmt,
                          rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
     return Solution(rounded, x_lo, x_hi, S, count)
+
+
+# A block whose quick enclosure leaves more than this share of its elements undecided takes
+# the fine one (see _solve_block).
+_REFINE_SHARE = 1 / 128
+
+
+def _decide(enc: fast.Enclosure, fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rounding to ``fmt`` of the values in ``enc``, float64 bounds on them, and where decided."""
+    if fmt.p == 53:
+        return _decide_float64(enc.hi, enc.lo, enc.rad)
+    x_lo, x_hi = _bounds_lo_zero(enc.hi, enc.rad) if enc.lo_zero else enclosure_bounds(enc.hi, enc.lo, enc.rad)
+    rounded, decided = _decide_narrow(x_lo, x_hi, fmt)
+    return rounded, x_lo, x_hi, decided
 
 
 def _round_pieces(parts: tuple[np.ndarray, ...], exact: np.ndarray, idx: np.ndarray, fmt: Format,

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -53,6 +53,7 @@ def contains(enc, exact, i, j):
 
 @settings(max_examples=300)
 @given(matrices())
+@example((np.array([[1.0, 2.0 ** -60, 1.0]]), np.array([[1.0], [1.0], [2.0 ** -120 * (1 + 2.0 ** -52)]])))
 def test_sliced_product_encloses_exact_value(AB):
     A, B = AB
     with np.errstate(all="ignore"):
@@ -346,25 +347,76 @@ def test_blocks_of_rows_hold_at_most_a_block_and_a_large_output_makes_two(M, N, 
     assert sumprod._rows_per_block([term], (M, N)) == step
 
 
+@pytest.mark.parametrize("quick", [False, True])
 @pytest.mark.parametrize("scale", [1.0, 2.0 ** 80])  # 2**80: |B| is past float32's safe range
-def test_right_prepares_b_the_same_in_blocks_of_columns(monkeypatch, scale):
+def test_right_prepares_b_the_same_in_blocks_of_columns(monkeypatch, scale, quick):
     """B's slices, |B| and the rank-one rows, made block by block of columns side by side, are
-    those of one block of all columns, bit for bit, and the product's enclosure with them."""
+    those of one block of all columns, bit for bit, and the product's enclosures with them (the
+    quick cut's, and the fine one made on demand after it)."""
     rng = np.random.default_rng(11)
     B = rng.standard_normal((40, 37)) * scale
     B[:, 5] = np.round(B[:, 5])  # a column without a remainder
     A = rng.standard_normal((6, 40))
-    whole = products.Right(B, narrow=False, pieces=True)
+    whole = products.Right(B, narrow=False, pieces=True, quick=quick)
     monkeypatch.setattr(products, "_PREPARE_BLOCK", 40 * 3)  # blocks of 3 columns
-    blocked = products.Right(B, narrow=False, pieces=True)
-    for name in ("B0", "B1", "RB", "lowB", "rows", "RB_cols", "absB"):
-        np.testing.assert_array_equal(getattr(blocked, name), getattr(whole, name), err_msg=name)
-        assert getattr(blocked, name).dtype == getattr(whole, name).dtype, name
-    assert (blocked.in32, blocked.RB_any) == (whole.in32, whole.RB_any) == (scale == 1.0, True)
+    blocked = products.Right(B, narrow=False, pieces=True, quick=quick)
+    assert blocked.refinable == whole.refinable == quick
+    np.testing.assert_array_equal(blocked.absB, whole.absB)
+    assert blocked.absB.dtype == whole.absB.dtype and blocked.in32 == whole.in32 == (scale == 1.0)
+    for fine in (False, True):
+        with np.errstate(all="ignore"):
+            e1, e2 = whole.times(A, fine=fine), blocked.times(A, fine=fine)
+        for name in ("hi", "lo", "rad", "S"):
+            np.testing.assert_array_equal(getattr(e1, name), getattr(e2, name), err_msg=name)
+        cut1, cut2 = (whole.fine, blocked.fine) if fine else (whole.cut, blocked.cut)
+        assert len(cut1.slices) == len(cut2.slices) == (1 if quick and not fine else 2)
+        for name in ("RB", "lowB", "rows", "RB_cols"):
+            np.testing.assert_array_equal(getattr(cut2, name), getattr(cut1, name), err_msg=name)
+            assert getattr(cut2, name).dtype == getattr(cut1, name).dtype, name
+        for s1, s2 in zip(cut1.slices, cut2.slices):
+            np.testing.assert_array_equal(s2, s1)
+        assert cut1.RB_any and cut2.RB_any
+
+
+# e = 2**-60 from hi's two-sum, and a rest of 2**-120 that lo = e + rest rounds away: only the
+# radius's U64 |lo| pays for that rounding (the products' own bound is about 2**-169).
+ROUNDED_AWAY = (np.array([[1.0, 2.0 ** -60, 1.0]]), np.array([[1.0], [1.0], [2.0 ** -120 * (1 + 2.0 ** -52)]]))
+
+
+# K = 4: four products of 18 and 34 significant bits (beta_a + beta_b = 52, one bit past K = 4's
+# budget of 51) sum to 2**54 units, odd: a cut one bit too wide rounds A0 B0.
+PAST_THE_BUDGET = (np.full((1, 4), 2 - 2.0 ** -17), np.array([[2 - 2.0 ** -33]] * 3 + [[2 - 2.0 ** -32]]))
+
+
+@settings(max_examples=300)
+@given(matrices())
+@example(ROUNDED_AWAY)
+@example(PAST_THE_BUDGET)
+def test_quick_cut_encloses_exact_value(AB):
+    """B cut once against A's two slices (products.Right's quick cut): the enclosure holds the
+    exact value, and ``fine=True`` gives the six products' enclosure, bit for bit."""
+    A, B = AB
     with np.errstate(all="ignore"):
-        e1, e2 = whole.times(A), blocked.times(A)
+        right = products.Right(B, narrow=False, quick=True)
+        enc = right.times(A)
+        fine, six = right.times(A, fine=True), products.matmul_sliced(A, B)
+    assert right.refinable and len(right.cut.slices) == 1
+    ex = exact_product(A, B)
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            assert contains(enc, ex[i][j], i, j)
     for name in ("hi", "lo", "rad", "S"):
-        np.testing.assert_array_equal(getattr(e1, name), getattr(e2, name), err_msg=name)
+        np.testing.assert_array_equal(getattr(fine, name), getattr(six, name), err_msg=name)
+
+
+def test_quick_cut_balances_its_remainders_within_the_exact_budget():
+    """beta_a + beta_b is the budget of two slices' products (K of them sum below 2**53 units),
+    and B's one slice is about as wide as A's two: remainders of about the same size."""
+    for K in (1, 2, 64, 511, 512, 513, 1024):
+        beta_a, beta_b = products._quick_exponents(K)
+        assert beta_a + beta_b == 2 * products._slice_exponent(K) + (53 - max(K - 1, 1).bit_length()) % 2
+        assert abs(2 * beta_a - beta_b) <= 2
+        assert K * 2.0 ** (beta_a + beta_b) <= 2.0 ** 53
 
 
 @pytest.mark.parametrize("shape", [(70, 5), (3, 32, 7), (2, 1, 33, 64), (0, 4), (5, 0), (31, 1)])

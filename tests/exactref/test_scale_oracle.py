@@ -96,6 +96,69 @@ def test_float64_matmul_1024_against_fractions_with_planted_hard_cases():
         check_element(res, exact_dot(A[i], B[:, j]), (int(i), int(j)), "float64")
 
 
+def test_float64_matmul_512_with_the_quick_cut_against_fractions(monkeypatch):
+    """At K = 512 B is cut once (products.Right's quick cut, four products): every element its
+    enclosure leaves undecided, the planted hard cases and a sample are checked."""
+    from exactref.engine import products
+    rng = np.random.default_rng(13)
+    n = 512
+    A, B = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    A[::9] *= 2.0 ** -30
+    B[:, ::13] *= 2.0 ** 40
+    planted = plant_matmul(A, B, rng)
+    cuts: list[int] = []
+    real_sliced = products.Right._sliced
+
+    def sliced(self, A_rows, cut):
+        cuts.append(len(cut.slices))
+        return real_sliced(self, A_rows, cut)
+    monkeypatch.setattr(products.Right, "_sliced", sliced)
+    res = er.matmul(A, B)
+    assert cuts and set(cuts) == {1}, "every block was meant to take the quick cut alone"
+    # The elements the quick enclosure leaves to the exact path (which ones: not their values).
+    with np.errstate(all="ignore"):
+        enc = products.Right(B, narrow=False, quick=True).times(A)
+    hard = np.argwhere(~sumprod_module._decide_float64(enc.hi, enc.lo, enc.rad)[3])
+    assert len(hard) >= 20 + len(planted), "the quick cut was meant to leave some elements undecided"
+    for (i, j), (what, _, expected) in zip(planted, PLANTED):
+        assert float(res.rounded[i, j]) == expected, what
+    sample = [tuple(ij) for ij in hard] + list(zip(rng.integers(0, n, 30), rng.integers(0, n, 30)))
+    for i, j in sample:
+        check_element(res, exact_dot(A[i], B[:, j]), (int(i), int(j)), "float64")
+
+
+def test_a_block_the_quick_cut_leaves_mostly_undecided_takes_the_six_products(monkeypatch):
+    """Sums that cancel to about 2**-24 of their terms: the quick enclosure (about 2**-66 of them)
+    decides none, so the block takes the six products' (about 2**-80), which decides them; the
+    exact path gets the few it cannot.  Checked against Fractions."""
+    from exactref.engine import products
+    rng = np.random.default_rng(14)
+    M, half, N = 48, 32, 40
+    R, S = rng.standard_normal((M, half)), rng.standard_normal((half, N))
+    D = rng.standard_normal((M, half)) * 2.0 ** -24
+    A = np.concatenate([R, -(R + D)], axis=1)  # A B = R S - (R + D) S = -D S
+    B = np.concatenate([S, S], axis=0)
+    fine: list[bool] = []
+    exact_path: list[int] = []
+    real_times, real_round = products.Right.times, sumprod_module._exact_round
+
+    def times(self, A_rows, **kw):
+        fine.append(kw.get("fine", False))
+        return real_times(self, A_rows, **kw)
+
+    def exact_round(terms, shape, idx, *args):
+        exact_path.append(idx.size)
+        return real_round(terms, shape, idx, *args)
+    monkeypatch.setattr(products.Right, "times", times)
+    monkeypatch.setattr(sumprod_module, "_exact_round", exact_round)
+    res = er.matmul(A, B)
+    assert fine == [False, True], "the block was meant to be enclosed again with the six products"
+    assert sum(exact_path) < M * N * sumprod_module._REFINE_SHARE
+    for i in range(M):
+        for j in range(0, N, 3):
+            check_element(res, exact_dot(A[i], B[:, j]), (i, j), "float64")
+
+
 # (what, row of A, column of B (their first entries), float64 rounding expected): float32 values,
 # within 2**42 of their row's (column's) largest, so each element is the sum of its four exact slice
 # products, and rounding it exactly takes those few pieces instead of the 1024 products.
