@@ -92,13 +92,17 @@ class MatmulTerm:
         a_batch = _batch_index(batch, self.A.shape[:-2], len(shape) - 2)
         b_batch = _batch_index(batch, self.B.shape[:-2], len(shape) - 2)
         X = self.A[..., cols][a_batch + (i, slice(None))]
-        # Index B's columns through its transpose so that the advanced indices stay adjacent;
-        # once the blocks of rows have gathered many columns, through a contiguous copy of it,
-        # kept while B is prepared (products.Right.transpose_for says when it pays).
-        BT = None if self.right is None else self.right.transpose_for(idx.size)
-        if BT is None:
-            BT = np.swapaxes(self.B, -1, -2)
-        Y = BT[..., cols][b_batch + (j, slice(None))]
+        if self.B.ndim == 2:
+            # np.take walks B's rows once, picking the columns from each: a third of the time of
+            # indexing its transpose (23 columns of a 512 x 512 B: 18 against 51 us; 82 against
+            # 260 at 2048), and a copy of B's transpose pays only past about 2N columns.
+            Y = np.ascontiguousarray(np.take(self.B[cols], j, axis=1).T)
+        else:
+            # B's columns through its transpose, so that the advanced indices stay adjacent; once
+            # the blocks of rows have gathered many columns, through a contiguous copy of it, kept
+            # while B is prepared (products.Right.transpose_for says when it pays).
+            BT = None if self.right is None else self.right.transpose_for(idx.size)
+            Y = (np.swapaxes(self.B, -1, -2) if BT is None else BT)[..., cols][b_batch + (j, slice(None))]
         K = X.shape[-1]
         return X.reshape(idx.size, K), Y.reshape(idx.size, K)
 
@@ -440,7 +444,9 @@ def _exact_round(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray, fmt
         negzero = _all_negative_zero(terms, shape, idx[done[zero]])
         value[zero] = np.where(negzero, -0.0, 0.0)
     flat_r[idx[done]], flat_lo[idx[done]], flat_hi[idx[done]] = value, lo, hi
-    rest = np.setdiff1d(np.arange(idx.size), np.concatenate([done_fast, done]))
+    left = np.ones(idx.size, dtype=bool)  # (np.setdiff1d sorts: 0.2 ms for 23 elements)
+    left[done_fast] = left[done] = False
+    rest = np.flatnonzero(left)
     if rest.size:
         values = exact_values(terms, shape, idx[rest])
         negzero = _all_negative_zero(terms, shape, idx[rest])

@@ -468,3 +468,30 @@ def test_undecided_elements_match_the_oracle_read_either_way(monkeypatch, tie_ro
     assert used and all(u == via_copy for u in used)
     want = oracle.matmul(A.astype(np.float64), B.astype(np.float64), "float32")
     assert bits_equal(res.rounded.astype(np.float64), want)
+
+
+@pytest.mark.parametrize("pieces", [None, 10])  # 10: rows too long to gather at once (_exact_long)
+def test_undecided_elements_of_a_2d_product_gather_b_by_columns_and_match_the_oracle(monkeypatch, pieces):
+    # The ties and near-ties above, in a 2-D product: B's columns are taken from B itself
+    # (np.take), never through its transposed copy.
+    rng = np.random.default_rng(12)
+    A = np.zeros((16, 40), dtype=np.float32)
+    B = np.zeros((40, 24), dtype=np.float32)
+    A[:, 0] = 2.0 ** 24
+    A[::2, 39] = 1.0
+    B[0, :] = 1.0
+    B[39, :] = rng.choice([-1.0, 1.0], 24)
+    A[1::2, 5:10] = rng.standard_normal((8, 5)) * 2.0 ** -20
+    B[5:10, :] = rng.standard_normal((5, 24))
+    used = []
+    monkeypatch.setattr(products.Right, "transpose_for", lambda self, count: used.append(count))
+    if pieces is not None:
+        monkeypatch.setattr(sumprod, "_PIECES", pieces)
+    gathered = []
+    real_gather = sumprod.MatmulTerm.gather
+    monkeypatch.setattr(sumprod.MatmulTerm, "gather",
+                        lambda self, idx, *a: gathered.append(idx.size) or real_gather(self, idx, *a))
+    res = er.matmul(A, B)
+    assert sum(gathered) >= 8 and not used, "B's columns were meant to be taken from B itself"
+    want = oracle.matmul(A.astype(np.float64), B.astype(np.float64), "float32")
+    assert bits_equal(res.rounded.astype(np.float64), want)
