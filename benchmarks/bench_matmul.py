@@ -112,15 +112,17 @@ def floor_row(dtype: str, n: int, repeat: int) -> str:
 
     A float32 or narrower matmul makes one float64 product and one float32
     product (of |A| and |B|, for the bound); a float64 one makes six float64
-    products of slices (exactref/engine/products.py) and the float32 one.
-    What the engine does besides costs the difference from the "exact" row.
+    products of slices (exactref/engine/products.py), four where K is at most
+    512, and the float32 one.  What the engine does besides costs the
+    difference from the "exact" row.
     """
+    from exactref.engine.products import _QUICK_MAX_K
     from exactref._parallel import for_each_slice
     from exactref._threads import own_threads
 
     A, B = (v.astype(np.float64) for v in inputs(dtype, n))
     A32, B32 = np.abs(A).astype(np.float32), np.abs(B).astype(np.float32)
-    count = 6 if dtype == "float64" else 1
+    count = (4 if n <= _QUICK_MAX_K else 6) if dtype == "float64" else 1
     step = max(1, min((1 << 18) // n, -(-n // 2)))  # exactref/engine/sumprod.py's blocks
 
     def products() -> None:
