@@ -128,9 +128,10 @@ def test_float64_matmul_512_with_the_quick_cut_against_fractions(monkeypatch):
 
 
 def test_a_block_the_quick_cut_leaves_mostly_undecided_takes_the_six_products(monkeypatch):
-    """Sums that cancel to about 2**-24 of their terms: the quick enclosure (about 2**-66 of them)
-    decides none, so the block takes the six products' (about 2**-80), which decides them; the
-    exact path gets the few it cannot.  Checked against Fractions."""
+    """Sums that cancel to about 2**-24 of their terms: the quick enclosure (a radius of about
+    2**-76 of the sum of |terms|, 2**-49 of the value) decides none of the 1920 elements, so the
+    block takes the six products' (2**-92, 2**-64), which decides 1915; the exact path gets the
+    rest.  Checked against Fractions."""
     from exactref.engine import products
     rng = np.random.default_rng(14)
     M, half, N = 48, 32, 40
