@@ -80,14 +80,19 @@ def check_element(res: er.Result, exact: Fraction, index: tuple, fmt: str) -> No
     assert F(float(part.x_lo[index])) <= exact <= F(float(part.x_hi[index])), index
 
 
-def test_float64_matmul_1024_against_fractions_with_planted_hard_cases():
-    rng = np.random.default_rng(12)
-    n = 1024
+def planted_normal(seed: int, n: int) -> tuple[np.random.Generator, np.ndarray, np.ndarray, list]:
+    """Standard normal n x n A and B, with rows and columns of very different scales (so that
+    slices of small elements matter) and the PLANTED cases (plant_matmul)."""
+    rng = np.random.default_rng(seed)
     A, B = rng.standard_normal((n, n)), rng.standard_normal((n, n))
-    # Rows and columns of very different scales, so that slices of small elements matter.
     A[::9] *= 2.0 ** -30
     B[:, ::13] *= 2.0 ** 40
-    planted = plant_matmul(A, B, rng)
+    return rng, A, B, plant_matmul(A, B, rng)
+
+
+def test_float64_matmul_1024_against_fractions_with_planted_hard_cases():
+    n = 1024
+    rng, A, B, planted = planted_normal(12, n)
     res = er.matmul(A, B)
     for (i, j), (what, _, expected) in zip(planted, PLANTED):
         assert float(res.rounded[i, j]) == expected, what
@@ -100,12 +105,8 @@ def test_float64_matmul_512_with_the_quick_cut_against_fractions(monkeypatch):
     """At K = 512 B is cut once (products.Right's quick cut, four products): every element its
     enclosure leaves undecided, the planted hard cases and a sample are checked."""
     from exactref.engine import products
-    rng = np.random.default_rng(13)
     n = 512
-    A, B = rng.standard_normal((n, n)), rng.standard_normal((n, n))
-    A[::9] *= 2.0 ** -30
-    B[:, ::13] *= 2.0 ** 40
-    planted = plant_matmul(A, B, rng)
+    rng, A, B, planted = planted_normal(13, n)
     cuts: list[int] = []
     real_sliced = products.Right._sliced
 
