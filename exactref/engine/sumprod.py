@@ -338,12 +338,13 @@ def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:
 def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
     enc = enclose(terms, shape)
     rounded, x_lo, x_hi, decided = _decide(enc, fmt)
-    size = int(np.prod(shape, dtype=np.int64))
-    if size - np.count_nonzero(decided) > max(size * _REFINE_SHARE, _REFINE_MIN) and any(t.refinable for t in terms):
-        # The quick enclosure left too many for the exact path (cancelling sums, say): the
-        # six products' enclosure decides nearly all of them (products.Right).
-        enc = enclose(terms, shape, fine=True)
-        rounded, x_lo, x_hi, decided = _decide(enc, fmt)
+    if any(t.refinable for t in terms):  # (first: a small op notices each microsecond)
+        size = math.prod(shape)
+        if size - np.count_nonzero(decided) > max(size * _REFINE_SHARE, _REFINE_MIN):
+            # The quick enclosure left too many for the exact path (cancelling sums, say): the
+            # six products' enclosure decides nearly all of them (products.Right).
+            enc = enclose(terms, shape, fine=True)
+            rounded, x_lo, x_hi, decided = _decide(enc, fmt)
     S = np.asarray(enc.S, dtype=np.float64).reshape(shape)
     # Fresh, writable float64 arrays (the undecided elements are written in below).
     rounded, x_lo, x_hi = (_fresh(v).reshape(shape) for v in (rounded, x_lo, x_hi))
