@@ -136,9 +136,15 @@ def _abs_float32(B: np.ndarray) -> tuple[np.ndarray, bool]:
 _ABS_BLOCK = 1 << 17
 
 
+def _slice_budget(K: int) -> int:
+    """beta_a + beta_b at most this: K products of slices of beta_a and beta_b bits sum below
+    2**53 units."""
+    return 53 - max(K - 1, 1).bit_length()
+
+
 def _slice_exponent(K: int) -> int:
-    # Slices of beta bits: K products of two slices sum below 2**53 units.
-    return max(1, (53 - max(K - 1, 1).bit_length()) // 2)
+    # Two slices of beta bits each, for A and B alike.
+    return max(1, _slice_budget(K) // 2)
 
 
 def _quick_exponents(K: int) -> tuple[int, int]:
@@ -146,7 +152,7 @@ def _quick_exponents(K: int) -> tuple[int, int]:
     leave remainders of about 2**(-2 beta_a) and 2**(-beta_b) of the values, balanced; K
     products of a slice of each still sum below 2**53 units (beta_a + beta_b is _slice_exponent's
     budget)."""
-    budget = 53 - max(K - 1, 1).bit_length()
+    budget = _slice_budget(K)
     return budget // 3, budget - budget // 3
 
 
@@ -395,9 +401,11 @@ class Right:
                 pieces = (hi, *(e.copy() for e in errors))
         # lo = ((e1 [+ e2]) [+ e3]) + rest, each partial sum in the memory of an error it has read.
         partials = []
+        t = errors[0]
         for k in range(1, len(errors)):
-            partials.append(np.add(errors[k - 1] if k == 1 else partials[-1], errors[k], out=errors[k - 1]))
-        lo = np.add(partials[-1] if partials else errors[0], rest, out=rest)
+            t = np.add(t, errors[k], out=errors[k - 1])
+            partials.append(t)
+        lo = np.add(t, rest, out=rest)
         g = 1 + 2 * gamma(K, U64)
         cols = np.concatenate([up(np.sum(np.abs(A0), axis=-1, keepdims=True) * g),
                                np.max(np.abs(RA), axis=-1, keepdims=True, initial=0.0)], axis=-1)
@@ -419,7 +427,7 @@ class Right:
         np.add(rad, tl, out=rad)
         np.add(rad, 3 * K * 2.0 ** -1074, out=rad)
         rad = _up_into(rad)
-        del tl, sizes, partials, errors
+        del tl, t, sizes, partials, errors
         # A slice product whose unit underflows float64 is not exact.
         tiny = (lowA[..., :, None] + cut.lowB[..., None, :]) < -1074 + 53
         ok = np.isfinite(hi)

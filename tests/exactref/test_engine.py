@@ -414,7 +414,7 @@ def test_quick_cut_balances_its_remainders_within_the_exact_budget():
     and B's one slice is about as wide as A's two: remainders of about the same size."""
     for K in (1, 2, 64, 511, 512, 513, 1024):
         beta_a, beta_b = products._quick_exponents(K)
-        assert beta_a + beta_b == 2 * products._slice_exponent(K) + (53 - max(K - 1, 1).bit_length()) % 2
+        assert beta_a + beta_b == products._slice_budget(K) == 53 - max(K - 1, 1).bit_length()
         assert abs(2 * beta_a - beta_b) <= 2
         assert K * 2.0 ** (beta_a + beta_b) <= 2.0 ** 53
 
