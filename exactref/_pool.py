@@ -50,7 +50,7 @@ import time
 
 import numpy as np
 
-__all__ = ["clear", "empty", "max_kept", "op_ended", "op_started", "physical_memory"]
+__all__ = ["cgroup_limit", "clear", "empty", "max_kept", "op_ended", "op_started", "physical_memory"]
 
 # Only arrays at least this large.  A float32 1024^3 matmul (arrays of 8 MiB) took 63-64 ms with
 # them reused against 71-73 without; at 512^3 (2 MiB, which glibc's heap keeps) no difference.
@@ -91,13 +91,59 @@ _FREE_COUNT = _count_of_unused()
 
 
 def physical_memory() -> int:
-    """This machine's physical memory in bytes (16 GiB where it cannot be read)."""
+    """The memory this process may use, in bytes: the machine's, or its cgroup's limit where lower.
+
+    16 GiB where neither can be read.  A container's limit is what the
+    kernel's out-of-memory killer enforces: a guard that measured the host's
+    memory alone would let an op start that the container cannot hold.
+    """
     if not _MEMORY:
         try:
-            _MEMORY.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
-            _MEMORY.append(16 << 30)
+            have = 16 << 30
+        limit = cgroup_limit()
+        _MEMORY.append(have if limit is None else min(have, limit))
     return _MEMORY[0]
+
+
+def cgroup_limit(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The lowest memory limit of this process's cgroup and its ancestors, or None if there is none.
+
+    Reads cgroup v2's ``memory.max`` and v1's ``memory.limit_in_bytes``.  In
+    a container, /proc/self/cgroup may name a path outside the mounted tree,
+    whose root is then the container's own cgroup: it is read too.
+    """
+    try:
+        with open(proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2's unified hierarchy
+            limits += _limits_up(os.path.join(root, "unified"), path, "memory.max")
+            limits += _limits_up(root, path, "memory.max")
+        elif "memory" in controllers.split(","):
+            limits += _limits_up(os.path.join(root, "memory"), path, "memory.limit_in_bytes")
+    return min(limits, default=None)
+
+
+def _limits_up(mount: str, path: str, name: str) -> list[int]:
+    """The limits in file ``name`` of the cgroup at ``path`` under ``mount``, its ancestors and the mount's root."""
+    parts = [p for p in path.split("/") if p]
+    found = []
+    for depth in range(len(parts), -1, -1):
+        try:
+            with open(os.path.join(mount, *parts[:depth], name)) as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        # "max" is v2's no limit; v1 writes no limit as a huge page-rounded number.
+        if text.isdigit() and int(text) < 1 << 60:
+            found.append(int(text))
+    return found
 
 
 def max_kept() -> int:

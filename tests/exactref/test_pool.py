@@ -250,3 +250,48 @@ def test_an_attention_result_keeps_its_first_pass_while_later_calls_reuse_memory
     assert not pool._kept
     for a, b in zip(kept, fresh):
         np.testing.assert_array_equal(a, b)
+
+
+def _tree(tmp_path, proc_text, files):
+    """A fake /proc/self/cgroup holding ``proc_text``, and a cgroup mount holding ``files``."""
+    proc = tmp_path / "cgroup"
+    proc.write_text(proc_text)
+    root = tmp_path / "fs"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return str(proc), str(root)
+
+
+@pytest.mark.parametrize("proc_text, files, expected", [
+    # cgroup v2: the lowest limit on the way up; "max" is no limit.
+    ("0::/a/b\n", {"a/b/memory.max": "max\n", "a/memory.max": "2147483648\n"}, 2 << 30),
+    ("0::/a/b\n", {"a/b/memory.max": "1073741824\n", "a/memory.max": "2147483648\n"}, 1 << 30),
+    ("0::/a\n", {"a/memory.max": "max\n"}, None),
+    # v2 mounted under unified/ beside v1's controllers (hybrid).
+    ("4:memory:/c\n0::/c\n", {"unified/c/memory.max": "3221225472\n"}, 3 << 30),
+    # cgroup v1: the memory controller's line; no limit is a huge number.
+    ("5:cpu:/x\n4:memory:/c\n", {"memory/c/memory.limit_in_bytes": "536870912\n"}, 512 << 20),
+    ("4:memory:/c\n", {"memory/c/memory.limit_in_bytes": "9223372036854771712\n"}, None),
+    ("4:cpu,memory:/c\n", {"memory/c/memory.limit_in_bytes": "536870912\n"}, 512 << 20),
+    # In a container the path may not exist under the mount, whose root is its own cgroup.
+    ("4:memory:/host/path\n", {"memory/memory.limit_in_bytes": "4294967296\n"}, 4 << 30),
+    ("0::/host/path\n", {"memory.max": "4294967296\n"}, 4 << 30),
+    # Nothing readable.
+    ("4:memory:/c\n", {}, None),
+    ("garbage\n", {"memory.max": "oops\n"}, None),
+])
+def test_the_cgroup_limit_is_the_lowest_on_the_way_up(tmp_path, proc_text, files, expected):
+    assert pool.cgroup_limit(*_tree(tmp_path, proc_text, files)) == expected
+
+
+def test_without_a_proc_file_there_is_no_cgroup_limit(tmp_path):
+    assert pool.cgroup_limit(str(tmp_path / "absent"), str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("limit, expected", [(None, 64 << 30), (2 << 30, 2 << 30), (128 << 30, 64 << 30)])
+def test_the_memory_an_op_may_use_is_the_lower_of_the_machines_and_the_cgroups(monkeypatch, limit, expected):
+    monkeypatch.setattr(pool, "_MEMORY", [])
+    monkeypatch.setattr(pool.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 16 << 20}[name])
+    monkeypatch.setattr(pool, "cgroup_limit", lambda: limit)
+    assert pool.physical_memory() == expected
