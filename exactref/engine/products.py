@@ -348,12 +348,13 @@ class Right:
         np.add(S, K * 2.0 ** -149, out=S)
         return _up_into(S)
 
-    def times(self, A: np.ndarray, *, fine: bool = False) -> Enclosure:
+    def times(self, A: np.ndarray, *, fine: bool = False, S: np.ndarray | None = None) -> Enclosure:
         """The enclosure of ``A @ B`` (float64 exceptions are expected: call it under np.errstate);
-        ``fine``: from the six products, where B has a quick cut (:attr:`refinable`)."""
+        ``fine``: from the six products, where B has a quick cut (:attr:`refinable`).  ``S`` may
+        pass the bound on ``|A| @ |B|`` that an earlier enclosure of the same A made."""
         if self.narrow:
             return self._narrow(A)
-        return self._sliced(A, self._fine() if fine and self.refinable else self.cut)
+        return self._sliced(A, self._fine() if fine and self.refinable else self.cut, S)
 
     def _narrow(self, A: np.ndarray) -> Enclosure:
         hi = A @ self.B
@@ -364,10 +365,11 @@ class Right:
         rad = up(g * S) if g else np.zeros(hi.shape)
         return Enclosure(hi, np.zeros(hi.shape), rad, S, lo_zero=True)
 
-    def _sliced(self, A: np.ndarray, cut: _Slicing | None) -> Enclosure:
+    def _sliced(self, A: np.ndarray, cut: _Slicing | None, S: np.ndarray | None = None) -> Enclosure:
         K = self.K
         absA = np.abs(A) if K else None
-        S = self.abs_bound(A, absA) if self.bound else None
+        if S is None and self.bound:
+            S = self.abs_bound(A, absA)
         if K == 0:
             z = np.zeros(self.out_shape(A))
             return Enclosure(z, z.copy(), z.copy(), S)

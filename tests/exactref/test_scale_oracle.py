@@ -110,9 +110,9 @@ def test_float64_matmul_512_with_the_quick_cut_against_fractions(monkeypatch):
     cuts: list[int] = []
     real_sliced = products.Right._sliced
 
-    def sliced(self, A_rows, cut):
+    def sliced(self, A_rows, cut, *args):
         cuts.append(len(cut.slices))
-        return real_sliced(self, A_rows, cut)
+        return real_sliced(self, A_rows, cut, *args)
     monkeypatch.setattr(products.Right, "_sliced", sliced)
     res = er.matmul(A, B)
     assert cuts and set(cuts) == {1}, "every block was meant to take the quick cut alone"
@@ -132,7 +132,7 @@ def test_a_block_the_quick_cut_leaves_mostly_undecided_takes_the_six_products(mo
     """Sums that cancel to about 2**-24 of their terms: the quick enclosure (a radius of about
     2**-76 of the sum of |terms|, 2**-49 of the value) decides none of the 1920 elements, so the
     block takes the six products' (2**-92, 2**-64), which decides 1915; the exact path gets the
-    rest.  Checked against Fractions."""
+    rest; the bound on |A| |B| is made once, for both.  Checked against Fractions."""
     from exactref.engine import products
     rng = np.random.default_rng(14)
     M, half, N = 48, 32, 40
@@ -142,19 +142,26 @@ def test_a_block_the_quick_cut_leaves_mostly_undecided_takes_the_six_products(mo
     B = np.concatenate([S, S], axis=0)
     fine: list[bool] = []
     exact_path: list[int] = []
-    real_times, real_round = products.Right.times, sumprod_module._exact_round
+    bounds: list[int] = []
+    real_times, real_round, real_bound = products.Right.times, sumprod_module._exact_round, products.Right.abs_bound
 
     def times(self, A_rows, **kw):
         fine.append(kw.get("fine", False))
         return real_times(self, A_rows, **kw)
 
+    def abs_bound(self, A_rows, *args):
+        bounds.append(A_rows.shape[-2])
+        return real_bound(self, A_rows, *args)
+
     def exact_round(terms, shape, idx, *args):
         exact_path.append(idx.size)
         return real_round(terms, shape, idx, *args)
     monkeypatch.setattr(products.Right, "times", times)
+    monkeypatch.setattr(products.Right, "abs_bound", abs_bound)
     monkeypatch.setattr(sumprod_module, "_exact_round", exact_round)
     res = er.matmul(A, B)
     assert fine == [False, True], "the block was meant to be enclosed again with the six products"
+    assert bounds == [M], "the six products' enclosure was meant to reuse the quick one's bound"
     assert sum(exact_path) < M * N * sumprod_module._REFINE_SHARE
     for i in range(M):
         for j in range(0, N, 3):
