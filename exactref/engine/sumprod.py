@@ -83,7 +83,7 @@ class MatmulTerm:
         if not fine:
             enc = self.right.times(self.A)
             # Kept for a fine enclosure of these rows (_solve_block): the bound on |A| |B| is the
-            # same, and its float32 product is a sixth of the six products' time.
+            # same, and its float32 product costs about half of one of the six float64 ones.
             self._S = enc.S if self.right.refinable else None
             return enc
         S, self._S = self._S, None
