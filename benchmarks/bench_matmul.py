@@ -150,7 +150,8 @@ def main() -> None:
     parser.add_argument("--no-blas-limit", action="store_true",
                         help="diagnostic: turn off ExactRef's one-BLAS-thread limit (exactref/_threads.py)")
     parser.add_argument("--no-malloc-hold", action="store_true",
-                        help="diagnostic: let glibc's malloc trim freed memory as it would (exactref/_malloc.py)")
+                        help="diagnostic: let glibc's malloc trim freed memory, and numpy advise huge pages, as they "
+                             "would (exactref/_malloc.py)")
     args = parser.parse_args()
     if args.no_malloc_hold:
         from exactref import _malloc
@@ -163,7 +164,7 @@ def main() -> None:
     sizes = {int(s) for s in args.sizes.split(",") if s}
     print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} torch threads, "
           f"median of {args.repeat}{', BLAS limit off' if args.no_blas_limit else ''}"
-          f"{', malloc left to trim' if args.no_malloc_hold else ''}")
+          f"{', malloc and huge pages left alone' if args.no_malloc_hold else ''}")
     for dtype, n in TARGETS:
         name = f"matmul {dtype} {n}"
         if n in sizes and args.only in name:

@@ -46,11 +46,32 @@ class FakeLibc:
         return malloc._Info(fordblks=self.free)
 
 
+class FakeSwitch:
+    """Stands for numpy's switch of its huge-page advice: records each setting, returns the one before."""
+
+    def __init__(self, advice: bool) -> None:
+        self.advice = advice
+        self.calls: list[bool] = []
+
+    def __call__(self, enabled: bool) -> bool:
+        self.calls.append(enabled)
+        before, self.advice = self.advice, enabled
+        return before
+
+
 @pytest.fixture
-def libc(monkeypatch):
+def switch(monkeypatch):
+    fake = FakeSwitch(True)
+    monkeypatch.setattr(malloc, "_huge_page_switch", lambda: fake)
+    return fake
+
+
+@pytest.fixture
+def libc(monkeypatch, switch):
     fake = FakeLibc()
     monkeypatch.setattr(malloc, "_libc", fake)
     monkeypatch.setattr(malloc, "_count", 0)
+    monkeypatch.setattr(malloc, "_advice", None)
     monkeypatch.setattr(malloc, "_enabled", True)
     return fake
 
@@ -100,10 +121,63 @@ def test_holds_in_two_threads_are_counted_together(libc):
     assert libc.calls == HELD + AFTER
 
 
-def test_disabled_it_holds_nothing(libc, monkeypatch):
+def test_disabled_it_holds_nothing(libc, switch, monkeypatch):
     monkeypatch.setattr(malloc, "_enabled", False)
     assert not malloc.hold()
-    assert libc.calls == []
+    assert libc.calls == [] and switch.calls == []
+
+
+@pytest.mark.parametrize("advice", [True, False])
+def test_the_first_hold_turns_numpys_huge_page_advice_off_and_the_last_release_restores_it(
+        libc, switch, advice):
+    switch.advice = advice
+    assert malloc.hold() and malloc.hold()
+    assert switch.calls == [False] and switch.advice is False
+    malloc.release()
+    assert switch.calls == [False]  # the other hold is still inside
+    malloc.release()
+    assert switch.calls == [False, advice] and switch.advice is advice
+    malloc.release()  # one too many: nothing happens
+    assert switch.calls == [False, advice]
+
+
+def test_a_users_huge_page_setting_leaves_the_advice_alone(monkeypatch):
+    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+    assert malloc._huge_page_switch() is None
+
+
+def _numpy_switch():
+    """numpy's own switch (numpy.core in numpy 1, numpy._core in 2)."""
+    core = np._core if hasattr(np, "_core") else np.core
+    return core.multiarray._set_madvise_hugepage
+
+
+def _numpy_advice() -> bool:
+    """numpy's huge-page advice now, read through its own switch (set back at once)."""
+    before = _numpy_switch()(False)
+    _numpy_switch()(before)
+    return before
+
+
+@pytest.mark.parametrize("advice", [True, False])
+def test_a_large_op_runs_without_numpys_huge_page_advice_and_leaves_it_as_it_was(monkeypatch, advice):
+    from exactref.engine import sumprod
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    monkeypatch.setattr(malloc, "_enabled", True)
+    seen: list[bool] = []
+    real = sumprod._solve_block
+
+    def solve_block(*args):
+        seen.append(_numpy_advice())
+        return real(*args)
+    monkeypatch.setattr(sumprod, "_solve_block", solve_block)
+    before = _numpy_switch()(advice)
+    try:
+        er.matmul(BIG, BIG)
+        assert seen and not any(seen)
+        assert _numpy_advice() is advice
+    finally:
+        _numpy_switch()(before)
 
 
 @pytest.mark.parametrize("name, value", [
