@@ -23,7 +23,8 @@ other sizes are let go first, the longest unused first.  A buffer that has
 been unused for ``_IDLE`` seconds while no large op ran is let go (a
 thread checks every ``_IDLE`` seconds while any is kept, and stops when
 none is), so memory a deleted Result held is freed within twice that time
-of the last op, and malloc treats it as it did before.  The time an op
+of the last op, and returned to the system (exactref/_malloc.py's
+``return_free``: the buffers came from malloc's heap).  The time an op
 runs does not count: a float16 1x4x2048x128 attention forward takes about
 3 s, so the arrays only its backward uses went between one call's backward
 and the next's, and were faulted in again.  Keeping them cut the kernel's
@@ -49,6 +50,8 @@ import threading
 import time
 
 import numpy as np
+
+from . import _malloc
 
 __all__ = ["cgroup_limit", "clear", "empty", "max_kept", "op_ended", "op_started", "physical_memory"]
 
@@ -222,7 +225,12 @@ def _let_go_idle() -> None:
         for b in _kept:
             if _ops or not _free(b):
                 b.used = now  # in use, or an op runs: its idle time starts later
+        count = len(_kept)
         _kept[:] = [b for b in _kept if now - b.used < _IDLE]
+        gone = len(_kept) < count
+    if gone:
+        # Their memory now lies free in malloc's heap, where an op took it from: return it.
+        _malloc.return_free()
 
 
 def _start_reaper() -> None:

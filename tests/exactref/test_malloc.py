@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -73,7 +74,17 @@ def libc(monkeypatch, switch):
     monkeypatch.setattr(malloc, "_count", 0)
     monkeypatch.setattr(malloc, "_advice", None)
     monkeypatch.setattr(malloc, "_enabled", True)
-    return fake
+    monkeypatch.setattr(malloc, "_TRIM_AFTER", 0.05)
+    yield fake
+    _settle()  # no pending trim outlives the test
+
+
+def _settle(limit: float = 5.0) -> None:
+    """Wait until no trim is pending (each pending one decides within _TRIM_AFTER)."""
+    deadline = time.monotonic() + limit
+    while malloc._trimmer is not None:
+        assert time.monotonic() < deadline, "a pending trim never ran"
+        time.sleep(0.01)
 
 
 def test_hold_raises_the_thresholds_and_release_lowers_the_trim_one(libc):
@@ -84,11 +95,60 @@ def test_hold_raises_the_thresholds_and_release_lowers_the_trim_one(libc):
 
 
 @pytest.mark.parametrize("free, trimmed", [(256 << 20, False), ((256 << 20) + 1, True)])
-def test_release_returns_the_heaps_free_memory_past_256_mib(libc, free, trimmed):
+def test_the_heaps_free_memory_past_256_mib_goes_back_once_no_op_has_run_for_a_while(libc, free, trimmed):
     assert malloc.hold()
     libc.free = free
+    start = time.monotonic()
     malloc.release()
+    assert libc.calls == HELD + AFTER  # not at once: the next op would fault it in again
+    _settle()
+    assert time.monotonic() - start >= malloc._TRIM_AFTER
     assert libc.calls == HELD + AFTER + ([("trim", 0)] if trimmed else [])
+
+
+def test_an_op_within_the_wait_puts_the_trim_off_until_it_too_has_left(libc):
+    libc.free = 1 << 30
+    assert malloc.hold()
+    malloc.release()
+    assert malloc.hold()  # inside when the pending trim comes due: it does nothing
+    time.sleep(3 * malloc._TRIM_AFTER)
+    assert ("trim", 0) not in libc.calls
+    start = time.monotonic()
+    malloc.release()
+    time.sleep(malloc._TRIM_AFTER / 2)
+    assert ("trim", 0) not in libc.calls
+    _settle()
+    assert time.monotonic() - start >= malloc._TRIM_AFTER
+    assert libc.calls == (HELD + AFTER) * 2 + [("trim", 0)]
+
+
+@pytest.mark.parametrize("free, inside, trimmed", [
+    ((256 << 20) + 1, False, True),
+    (256 << 20, False, False),
+    ((256 << 20) + 1, True, False),  # an op inside uses the heap's free memory
+])
+def test_return_free_trims_past_256_mib_when_no_op_is_inside(libc, free, inside, trimmed):
+    if inside:
+        assert malloc.hold()
+    libc.calls.clear()
+    libc.free = free
+    malloc.return_free()
+    assert libc.calls == ([("trim", 0)] if trimmed else [])
+    if inside:
+        malloc.release()
+
+
+def test_a_later_release_within_the_wait_moves_the_trim_after_it(libc):
+    libc.free = 1 << 30
+    assert malloc.hold()
+    malloc.release()
+    time.sleep(malloc._TRIM_AFTER / 2)
+    assert malloc.hold()
+    start = time.monotonic()
+    malloc.release()  # the pending trim waits for the rest of the time since this one
+    _settle()
+    assert time.monotonic() - start >= malloc._TRIM_AFTER
+    assert libc.calls.count(("trim", 0)) == 1
 
 
 def test_nested_holds_set_the_thresholds_once(libc):
@@ -254,10 +314,14 @@ def test_glibc_serves_4_and_64_mib_arrays_from_the_heap_only_while_held():
         big = [np.ones(1 << 23) for _ in range(5)]  # 5 x 64 MiB: past mmap's largest threshold
         print(libc.mallinfo2().hblkhd == before)
         del big
+        _malloc._TRIM_AFTER = 0.05
         _malloc.release()
+        print(libc.mallinfo2().fordblks >= 256 << 20)  # kept for a while, for the next op
+        import time
+        time.sleep(0.5)
         print(libc.mallinfo2().fordblks < 64 << 20)  # more than 256 MiB were free: returned
     """)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.split() == ["True", "False", "True", "True", "True"]
+    assert out.stdout.split() == ["True", "False", "True", "True", "True", "True"]

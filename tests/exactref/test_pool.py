@@ -116,6 +116,18 @@ def test_a_buffer_goes_once_unused_for_the_idle_time():
     assert not pool._kept
 
 
+def test_letting_buffers_go_returns_the_heaps_free_memory(monkeypatch):
+    returns: list[int] = []
+    monkeypatch.setattr(malloc, "return_free", lambda: returns.append(len(pool._kept)))
+    a = pool.empty((BIG,), np.float64)
+    del a
+    pool._let_go_idle()
+    assert returns == []  # none went
+    pool._kept[0].used -= 10 * pool._IDLE
+    pool._let_go_idle()
+    assert returns == [0]  # after the buffer went
+
+
 def test_the_time_a_large_op_runs_does_not_count_as_idle():
     a = pool.empty((BIG,), np.float64)
     del a
