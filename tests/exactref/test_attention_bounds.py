@@ -368,3 +368,32 @@ def test_dP_and_T_made_again_block_by_block_enclose_the_exact_values(monkeypatch
                 assert abs(Fraction(T[idx]) - exact_T) <= Fraction(e_T[idx]), idx
     # The cancellation happened: some T are far below their dP.
     assert (np.abs(T[..., 0]) < np.abs(dP[..., 0]) * 2.0 ** -40).all()
+
+
+def test_matmul_up_bounds_of_a_times_b_forming_of_in_blocks_of_bounded_size(monkeypatch):
+    """_first.matmul_up with ``of``: an upper bound on of(A, E) @ B, within a few ulps of it, with
+    each block of A's rows that ``of`` forms holding at most _MATMUL_A_BLOCK values (a whole row
+    where one row alone is more).  Checked against Fractions."""
+    from exactref.ops.attention import _first
+    rng = np.random.default_rng(5)
+    A = np.abs(rng.standard_normal((3, 50, 40)))
+    E = np.abs(rng.standard_normal((3, 50, 40))) * 2.0 ** -40
+    B = np.abs(rng.standard_normal((3, 40, 7)))
+    blocks: list[int] = []
+
+    def of(x, e):
+        blocks.append(x.size)
+        return x + e
+    monkeypatch.setattr(_first, "_MATMUL_A_BLOCK", 400)  # 3 rows of 3 x 40 values
+    out = _first.matmul_up(A, B, of=of, more=(E,))
+    assert sum(blocks) == A.size and max(blocks) <= 400 and len(blocks) == 17
+    for h in range(3):
+        for i in range(50):
+            row = [Fraction(float(x)) + Fraction(float(e)) for x, e in zip(A[h, i], E[h, i])]
+            for j in range(7):
+                exact = sum(r * Fraction(float(b)) for r, b in zip(row, B[h, :, j]))
+                assert exact <= Fraction(float(out[h, i, j])) <= exact * (1 + Fraction(1, 2 ** 45))
+    monkeypatch.setattr(_first, "_MATMUL_A_BLOCK", 1)  # a row alone is more: one row a block
+    blocks.clear()
+    _first.matmul_up(A, B, of=of, more=(E,))
+    assert blocks == [120] * 50
