@@ -47,7 +47,8 @@ def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True) -> Enclos
         right = Right(B, narrow=False, bound=bound)
         shape = right.out_shape(A)
         M = shape[-2]
-        step = max(1, _ROWS_BLOCK // max(math.prod(shape) // max(M, 1), 1))
+        step = max(1, min(_ROWS_BLOCK // max(math.prod(shape) // max(M, 1), 1),
+                          _A_BLOCK // max(math.prod(A.shape) // max(A.shape[-2], 1), 1)))
         if step >= M:
             return right.times(A)
         hi, lo, rad = (empty(shape, np.float64) for _ in range(3))
@@ -65,6 +66,13 @@ def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True) -> Enclos
 
 # Output elements per block of matmul_sliced: its float64 temporaries stay near 2 MiB each.
 _ROWS_BLOCK = 1 << 18
+# And values of A per block: its slices and remainder are temporaries of that size.  Attention's
+# P V (P of 8 x 1024 x 1024, V of 64 columns) made two blocks of 4M values of A by _ROWS_BLOCK
+# alone, which missed the cache, and the thread that finished first waited for the other.  With
+# blocks of 2**20 values a float32 1x8x1024x64 forward and backward took 1.94 s against 2.10, and
+# float16 1x4x2048x128 4.00 s against 4.28 (medians of 10 and 8 alternating in one process, the
+# same values); 2**19 and 2**21 did as well as 2**20.
+_A_BLOCK = 1 << 20
 
 
 _F32_MAX = float(np.finfo(np.float32).max)

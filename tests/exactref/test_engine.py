@@ -77,6 +77,32 @@ def test_narrow_product_encloses_exact_value(AB):
             assert contains(enc, ex[i][j], i, j)
 
 
+def test_sliced_product_takes_a_in_blocks_of_bounded_size_and_still_encloses(monkeypatch):
+    """matmul_sliced's blocks of rows hold at most _A_BLOCK values of A (its slices are temporaries of
+    that size), and each block's enclosure holds the exact values (Fractions)."""
+    rng = np.random.default_rng(8)
+    A = rng.standard_normal((40, 30)) * np.exp2(rng.integers(-20, 20, (40, 1)))
+    B = rng.standard_normal((30, 6))
+    sizes: list[int] = []
+    real = products.Right.times
+
+    def times(self, A_rows, **kw):
+        sizes.append(A_rows.size)
+        return real(self, A_rows, **kw)
+    monkeypatch.setattr(products.Right, "times", times)
+    monkeypatch.setattr(products, "_A_BLOCK", 300)  # 10 rows of 30
+    enc = products.matmul_sliced(A, B)
+    assert sizes == [300] * 4
+    ex = exact_product(A, B)
+    for i in range(40):
+        for j in range(6):
+            assert contains(enc, ex[i][j], i, j)
+    monkeypatch.setattr(products, "_A_BLOCK", 1)  # a row alone is more: one row a block
+    sizes.clear()
+    products.matmul_sliced(A, B)
+    assert sizes == [30] * 40
+
+
 def test_sliced_product_is_tight_enough_to_decide_float64():
     rng = np.random.default_rng(0)
     A, B = rng.standard_normal((64, 64)), rng.standard_normal((64, 64))
