@@ -227,11 +227,15 @@ def _trim() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The child has none of the parent's threads: neither its ops nor its pending trim.
-    global _lock, _count, _trimmer
-    _lock = threading.Lock()
-    _count = 0
+    """The child has none of the parent's threads: neither their ops nor the pending trim.  What
+    ops of the parent were holding (they never release here) is set back as their release would."""
+    global _lock, _count, _advice, _trimmer
+    _lock = threading.Lock()  # (one held by another thread at the fork stays held in the child)
     _trimmer = None
+    if _count > 0:
+        _count = 1
+        release()
+    _advice = None
 
 
 if hasattr(os, "register_at_fork"):

@@ -201,6 +201,15 @@ def test_the_first_hold_turns_numpys_huge_page_advice_off_and_the_last_release_r
     assert switch.calls == [False, advice]
 
 
+def test_a_child_forked_inside_an_op_sets_back_what_the_op_held(libc, switch):
+    assert malloc.hold() and malloc.hold()  # two of the parent's ops inside
+    malloc._after_fork_in_child()
+    assert malloc._count == 0 and switch.advice is True
+    assert libc.calls == HELD + AFTER  # the thresholds set back once
+    malloc._after_fork_in_child()  # forked while no op was inside: nothing to set back
+    assert libc.calls == HELD + AFTER and switch.calls == [False, True]
+
+
 def test_a_users_huge_page_setting_leaves_the_advice_alone(monkeypatch):
     monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
     assert malloc._huge_page_switch() is None
