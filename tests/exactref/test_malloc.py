@@ -33,6 +33,7 @@ class FakeLibc:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.trims: list[float] = []  # time.monotonic() of each malloc_trim
         self.free = 0
 
     def mallopt(self, param: int, value: int) -> int:
@@ -41,6 +42,7 @@ class FakeLibc:
 
     def malloc_trim(self, pad: int) -> int:
         self.calls.append(("trim", pad))
+        self.trims.append(time.monotonic())
         return 1
 
     def mallinfo2(self):
@@ -99,11 +101,10 @@ def test_the_heaps_free_memory_past_256_mib_goes_back_once_no_op_has_run_for_a_w
     assert malloc.hold()
     libc.free = free
     start = time.monotonic()
-    malloc.release()
-    assert libc.calls == HELD + AFTER  # not at once: the next op would fault it in again
+    malloc.release()  # not at once: the next op would fault that memory in again
     _settle()
-    assert time.monotonic() - start >= malloc._TRIM_AFTER
     assert libc.calls == HELD + AFTER + ([("trim", 0)] if trimmed else [])
+    assert all(t - start >= malloc._TRIM_AFTER for t in libc.trims)
 
 
 def test_an_op_within_the_wait_puts_the_trim_off_until_it_too_has_left(libc):
@@ -112,14 +113,12 @@ def test_an_op_within_the_wait_puts_the_trim_off_until_it_too_has_left(libc):
     malloc.release()
     assert malloc.hold()  # inside when the pending trim comes due: it does nothing
     time.sleep(3 * malloc._TRIM_AFTER)
-    assert ("trim", 0) not in libc.calls
+    assert libc.trims == []
     start = time.monotonic()
     malloc.release()
-    time.sleep(malloc._TRIM_AFTER / 2)
-    assert ("trim", 0) not in libc.calls
     _settle()
-    assert time.monotonic() - start >= malloc._TRIM_AFTER
     assert libc.calls == (HELD + AFTER) * 2 + [("trim", 0)]
+    assert libc.trims[0] - start >= malloc._TRIM_AFTER
 
 
 @pytest.mark.parametrize("free, inside, trimmed", [
@@ -147,8 +146,7 @@ def test_a_later_release_within_the_wait_moves_the_trim_after_it(libc):
     start = time.monotonic()
     malloc.release()  # the pending trim waits for the rest of the time since this one
     _settle()
-    assert time.monotonic() - start >= malloc._TRIM_AFTER
-    assert libc.calls.count(("trim", 0)) == 1
+    assert len(libc.trims) == 1 and libc.trims[0] - start >= malloc._TRIM_AFTER
 
 
 def test_nested_holds_set_the_thresholds_once(libc):
@@ -323,11 +321,10 @@ def test_glibc_serves_4_and_64_mib_arrays_from_the_heap_only_while_held():
         big = [np.ones(1 << 23) for _ in range(5)]  # 5 x 64 MiB: past mmap's largest threshold
         print(libc.mallinfo2().hblkhd == before)
         del big
-        _malloc._TRIM_AFTER = 0.05
+        _malloc._TRIM_AFTER = 600.0  # (the wait itself is tested with a stand-in libc)
         _malloc.release()
         print(libc.mallinfo2().fordblks >= 256 << 20)  # kept for a while, for the next op
-        import time
-        time.sleep(0.5)
+        _malloc.return_free()  # what the wait ends in, or the pool's letting buffers go
         print(libc.mallinfo2().fordblks < 64 << 20)  # more than 256 MiB were free: returned
     """)
     env = {k: v for k, v in os.environ.items()
