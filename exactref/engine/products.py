@@ -47,8 +47,7 @@ def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True) -> Enclos
         right = Right(B, narrow=False, bound=bound)
         shape = right.out_shape(A)
         M = shape[-2]
-        step = max(1, min(_ROWS_BLOCK // max(math.prod(shape) // max(M, 1), 1),
-                          _A_BLOCK // max(math.prod(A.shape) // max(A.shape[-2], 1), 1)))
+        step = rows_per_block(shape, _ROWS_BLOCK, A.shape, _A_BLOCK)
         if step >= M:
             return right.times(A)
         hi, lo, rad = (empty(shape, np.float64) for _ in range(3))
@@ -62,6 +61,16 @@ def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True) -> Enclos
                 S[cut] = enc.S
         for_each_slice(block, M, step)
         return Enclosure(hi, lo, rad, S)
+
+
+def rows_per_block(shape: tuple[int, ...], out_values: int, a_shape: tuple[int, ...] | None = None,
+                   a_values: int = 0) -> int:
+    """Rows (axis -2) of a block of a product of output ``shape``: at most ``out_values`` values of
+    the output, and with ``a_shape`` at most ``a_values`` of A (of that shape); at least one row."""
+    step = out_values // max(math.prod(shape) // max(shape[-2], 1), 1)
+    if a_shape is not None:
+        step = min(step, a_values // max(math.prod(a_shape) // max(a_shape[-2], 1), 1))
+    return max(1, step)
 
 
 # Output elements per block of matmul_sliced: its float64 temporaries stay near 2 MiB each.
@@ -158,8 +167,8 @@ def _slice_exponent(K: int) -> int:
 def _quick_exponents(K: int) -> tuple[int, int]:
     """(beta_a, beta_b) of the quick cut: A's two slices of beta_a bits and B's one of beta_b bits
     leave remainders of about 2**(-2 beta_a) and 2**(-beta_b) of the values, balanced; K
-    products of a slice of each still sum below 2**53 units (beta_a + beta_b is _slice_exponent's
-    budget)."""
+    products of a slice of each still sum below 2**53 units (beta_a + beta_b is
+    :func:`_slice_budget`)."""
     budget = _slice_budget(K)
     return budget // 3, budget - budget // 3
 

@@ -51,9 +51,14 @@ def contains(enc, exact, i, j):
     return abs(exact - F(enc.hi[i, j]) - F(enc.lo[i, j])) <= F(rad)
 
 
+# e = 2**-60 from hi's two-sum, and a rest of 2**-120 that lo = e + rest rounds away: only the
+# radius's U64 |lo| pays for that rounding (the products' own bound is about 2**-169).
+ROUNDED_AWAY = (np.array([[1.0, 2.0 ** -60, 1.0]]), np.array([[1.0], [1.0], [2.0 ** -120 * (1 + 2.0 ** -52)]]))
+
+
 @settings(max_examples=300)
 @given(matrices())
-@example((np.array([[1.0, 2.0 ** -60, 1.0]]), np.array([[1.0], [1.0], [2.0 ** -120 * (1 + 2.0 ** -52)]])))
+@example(ROUNDED_AWAY)
 def test_sliced_product_encloses_exact_value(AB):
     A, B = AB
     with np.errstate(all="ignore"):
@@ -402,11 +407,6 @@ def test_right_prepares_b_the_same_in_blocks_of_columns(monkeypatch, scale, quic
         for s1, s2 in zip(cut1.slices, cut2.slices):
             np.testing.assert_array_equal(s2, s1)
         assert cut1.RB_any and cut2.RB_any
-
-
-# e = 2**-60 from hi's two-sum, and a rest of 2**-120 that lo = e + rest rounds away: only the
-# radius's U64 |lo| pays for that rounding (the products' own bound is about 2**-169).
-ROUNDED_AWAY = (np.array([[1.0, 2.0 ** -60, 1.0]]), np.array([[1.0], [1.0], [2.0 ** -120 * (1 + 2.0 ** -52)]]))
 
 
 # K = 4: four products of 18 and 34 significant bits (beta_a + beta_b = 52, one bit past K = 4's

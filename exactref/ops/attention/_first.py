@@ -33,7 +33,7 @@ import numpy as np
 from ..._parallel import for_each, for_each_slice
 from ..._pool import empty
 from ...engine.fast import gamma, two_prod, two_sum, up
-from ...engine.products import matmul_sliced
+from ...engine.products import matmul_sliced, rows_per_block
 from ._problem import Problem
 
 __all__ = ["FirstPass"]
@@ -186,9 +186,8 @@ def matmul_up(A: np.ndarray, B: np.ndarray, *, of: Callable[..., np.ndarray] | N
     n = A.shape[-1]
     shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1])
     M = shape[-2]
-    step = max(1, _MATMUL_BLOCK // max(math.prod(shape) // max(M, 1), 1))
-    if of is not None:
-        step = max(1, min(step, _MATMUL_A_BLOCK // max(math.prod(A.shape) // max(A.shape[-2], 1), 1)))
+    # (Without ``of``, A's blocks are views: only the output's size counts.)
+    step = rows_per_block(shape, _MATMUL_BLOCK, *((A.shape, _MATMUL_A_BLOCK) if of is not None else ()))
     out = empty(shape, np.float64)
 
     def block(rows: slice) -> None:
