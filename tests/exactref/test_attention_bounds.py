@@ -280,7 +280,7 @@ def test_loose_rows_bound_every_weight_its_logit_error_allows(seed):
     w, rel = _first._exp_block(y)
     eps = up(_first.expm1_up(ey) * (1 + rel) + rel)  # as _Rows.logits computes it
     rows = np.array([0])
-    _, wup, err = _first._loose_rows(rows, w[None], rel[None], ey[None], eps[None], np.ones((1, y.size), bool))
+    _, wup, err = _first._loose_rows(rows, w[None], rel, ey[None], eps[None], np.ones((1, y.size), bool))
     with mpmath.workprec(200):
         for j in range(y.size):
             for end in (-1, 1):

@@ -75,57 +75,96 @@ _DEGREE = 6
 _INV_FACT = [1.0 / math.factorial(n) for n in range(_DEGREE + 1)]
 # rint(y N / ln2) in float64 errs from the exact nearest integer by at most 2**-50 |y N / ln2|.
 _R_MAX = math.log(2) / (2 * _N) * (1 + 2.0 ** -40) + 746 * 2.0 ** -49
-_E_R = math.exp(_R_MAX) * (1 + 2.0 ** -40)  # >= e**|r|
-# |r|**7 / 7! * e**|r|: Taylor's remainder after degree 6, about 2**-65.
-_TRUNC = _R_MAX ** (_DEGREE + 1) / math.factorial(_DEGREE + 1) * _E_R
 
 
-_BLOCK = 1 << 15  # elements per block of exp_bounded: its ~40 temporaries stay in the cache
+def _exp_error_bound() -> float:
+    """The relative error bound of :func:`_exp_block`, one number for every y in [-746, 0].
+
+    Each term is the largest, over |r| <= the reduction's bound, of a term of
+    the bound the block could compute element by element (the reduction's
+    error, Higham's running error bound for Horner's rule, the coefficients'
+    rounding, the Taylor remainder): every one grows with |r|, and |r| is at
+    most ln2/128 and a little.  On [-700, 0] the element-by-element bound
+    ran from 5.02 to 5.07 u and this one is 5.09 u: at about a third of the
+    block's numpy calls (docs/attention.md, "How the exact value is found").
+    """
+    k_max = 746 * _N / math.log(2) + 1  # |k|
+    t_max = k_max * abs(_C_LO) * (1 + 2 * U)  # |t| = |fl(k _C_LO)|
+    r_c = _R_MAX + 2.0 ** -40  # |r| as computed: the exact one's bound and its error (below 2**-60)
+    e_c = math.exp(r_c) * (1 + 2.0 ** -40)  # >= e**|r|
+    r1 = r_c * (1 + 2 * U) + t_max  # |r1|, from r = fl(r1 - t)
+    # |r~ - r| for the exact reduced argument r = y - k ln2/N: three roundings and _C_TAIL per unit of k.
+    err_r = U * (r1 + t_max + r_c) * (1 + 2 * U) + k_max * _C_TAIL
+    # Horner's p_i, as computed, is at most sum_{j>=i} |r|**(j-i) / j! (and a few u), so the running
+    # bound mu_i = |r| mu_(i+1) + |p_i| (mu_6 = |p_6| / 2) is at most its value at |r| = r_c.
+    p_max = [sum(_INV_FACT[j] * r_c ** (j - i) for j in range(i, _DEGREE + 1)) * (1 + 2.0 ** -40)
+             for i in range(_DEGREE + 1)]
+    mu = p_max[_DEGREE] / 2
+    for i in reversed(range(_DEGREE)):
+        mu = r_c * mu + p_max[i]
+    p_low = math.exp(-r_c) * (1 - 2.0 ** -40)  # <= p, the computed e**r
+    trunc = r_c ** (_DEGREE + 1) / math.factorial(_DEGREE + 1) * e_c  # Taylor's remainder, about 2**-65
+    # u (2 mu - |p|) for Horner's roundings (1.01: its second-order terms); 2 u e**|r| for the
+    # coefficients 1/n!, rounded; twice the remainder; e**|r| |r~ - r| for the reduction, twice.
+    absolute = U * (2 * mu - p_low) * 1.01 + U * 2 * e_c + trunc * 2 + 2 * e_c * err_r * 1.01
+    rel_p = absolute / (p_low * (1 - 4 * U))
+    # (1 + rel_p)(1 + u)**2 - 1 for the table entry and the product, rel_p + 2u being below 2**-40.
+    return float(up((rel_p + 2 * U) * (1 + 2.0 ** -40)))
 
 
-def exp_bounded(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+EXP_BLOCK_REL = _exp_error_bound()
+
+
+_BLOCK = 1 << 15  # elements per block of exp_bounded: its temporaries stay in the cache
+
+
+def exp_bounded(y: np.ndarray) -> tuple[np.ndarray, float]:
     """exp(y) for float64 y <= 0 (or -inf), and a bound on its relative error; see :func:`_exp_block`."""
     y = np.asarray(y, dtype=np.float64)
     flat = y.reshape(-1)
-    w, rel = empty(flat.shape, np.float64), empty(flat.shape, np.float64)
+    w = empty(flat.shape, np.float64)
 
     def block(cut: slice) -> None:
-        w[cut], rel[cut] = _exp_block(flat[cut])
+        w[cut], _ = _exp_block(flat[cut])
     for_each_slice(block, flat.size, _BLOCK)
-    return w.reshape(y.shape), rel.reshape(y.shape)
+    return w.reshape(y.shape), EXP_BLOCK_REL
 
 
-def _exp_block(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _exp_block(y: np.ndarray) -> tuple[np.ndarray, float]:
     """exp(y) for float64 y <= 0 (or -inf), and a bound on its relative error, not trusting libm.
 
     y = k ln2/N + r with |r| <= ln2/(2N), N = 64 (Cody and Waite's two-part
-    ln2/N), then a degree-6 Taylor polynomial for e**r by Horner's rule with
-    Higham's running error bound (Accuracy and Stability, Algorithm 5.1),
+    ln2/N), then a degree-6 Taylor polynomial for e**r by Horner's rule,
     times the table entry 2**(j/N) (j = k mod N, rounded to nearest: one
-    more u) with one more rounding, scaled by 2**floor(k/N).  The bound adds
-    the reduction's error, the rounding of the coefficients 1/n! and the
-    Taylor remainder; a result below float64's normal range may also be off
-    by 2**-1074 in absolute value, which the callers' TINY covers.
+    more u) with one more rounding, scaled by 2**floor(k/N).  The bound,
+    ``EXP_BLOCK_REL`` (:func:`_exp_error_bound`), adds the reduction's error,
+    Horner's roundings (Higham, Accuracy and Stability, Algorithm 5.1), the
+    rounding of the coefficients 1/n! and the Taylor remainder, each at its
+    largest over the range of r; a result below float64's normal range may
+    also be off by 2**-1074 in absolute value, which the callers' TINY covers.
     """
     y = np.maximum(y, -746.0)
     k = np.rint(y * (_N / math.log(2)))
-    r1 = y - k * _C_HI
-    t = k * _C_LO
-    r = r1 - t
-    ar = np.abs(r)
-    err_r = U * (np.abs(r1) + np.abs(t) + ar) * (1 + 2 * U) + np.abs(k) * _C_TAIL
+    r = (y - k * _C_HI) - k * _C_LO
     p = np.full_like(r, _INV_FACT[_DEGREE])
-    mu = np.abs(p) * 0.5
     for c in reversed(_INV_FACT[:_DEGREE]):
         p = p * r + c
-        mu = ar * mu + np.abs(p)
-    absolute = U * (2 * mu - np.abs(p)) * 1.01 + U * 2 * _E_R + _TRUNC * 2 + 2 * _E_R * err_r * 1.01
-    rel_p = absolute / (p * (1 - 4 * U))
-    # (1 + rel_p)(1 + u)**2 - 1 for the table entry and the product, while rel_p + 2u < 2**-40.
-    rel = up((rel_p + 2 * U) * (1 + 2.0 ** -40))
-    rel = np.where(rel_p < 2.0 ** -41, rel, np.inf)
     ki = k.astype(np.int64)
-    return np.ldexp(_TABLE[ki & (_N - 1)] * p, ki >> 6), rel
+    x = _TABLE[ki & (_N - 1)] * p  # in [0.99, 2.02)
+    m = ki >> 6
+    if m.min(initial=0) >= -1021:
+        # x 2**m is exact: the product by a power of two (its bits written directly) is
+        # np.ldexp(x, m), at a fraction of ldexp's cost.
+        return x * _pow2(m), EXP_BLOCK_REL
+    # Below: x 2**m1 is exact (normal, as x >= 0.99) and the product by 2**(m - m1) rounds once,
+    # as ldexp does (m >= -1077, so m - m1 >= -56).
+    m1 = np.maximum(m, -1021)
+    return (x * _pow2(m1)) * _pow2(m - m1), EXP_BLOCK_REL
+
+
+def _pow2(m: np.ndarray) -> np.ndarray:
+    """2.0**m for int64 m in [-1022, 1023], from its bits."""
+    return ((m + 1023) << 52).view(np.float64)
 
 
 def expm1_up(a: np.ndarray) -> np.ndarray:
@@ -350,14 +389,21 @@ class _Rows:
         Y = Z - M[..., None]
         ey = up(ez + U * np.where(unmasked, np.abs(Y), 0.0))
         w, rel = _exp_block(np.where(unmasked, Y, -np.inf))
-        # The exp's own relative error compounds with that of its argument.
-        eps = np.where(unmasked, up(expm1_up(ey) * (1 + rel) + rel), 0.0)
         self.Z[sl], self.ez[sl], self.M[sl], self.full[sl] = Z, ez, M, full
         self.w[sl] = np.where(unmasked, w, 0.0)
-        self.epsbar[sl] = np.max(eps, axis=-1) if S else 0.0
-        loose = np.nonzero(self.epsbar[sl] >= _LOOSE)[0]
+        # The exp's own relative error compounds with that of its argument: a weight's error is
+        # at most eps(ey) = up(expm1_up(ey) (1 + rel) + rel), and the row's worst, epsbar, is
+        # eps of the row's largest ey, eps being nondecreasing up to ey = 1 (a masked key's ey,
+        # up(0), is the least there is).  Past 1 it is not, and every weight counts (_row_eps).
+        eymax = np.max(ey, axis=-1) if S else np.zeros(Z.shape[:-1])
+        epsbar = np.where(full, 0.0, _eps(eymax, rel))
+        beyond = np.nonzero(~full & (eymax > 1))[0]
+        if beyond.size:
+            epsbar[beyond] = np.max(_row_eps(beyond, ey, rel, unmasked), axis=-1)
+        self.epsbar[sl] = epsbar
+        loose = np.nonzero(epsbar >= _LOOSE)[0]
         if loose.size:
-            self.loose[sl.start] = _loose_rows(loose, w, rel, ey, eps, unmasked)
+            self.loose[sl.start] = _loose_rows(loose, w, rel, ey, _row_eps(loose, ey, rel, unmasked), unmasked)
         self.logit_rowmax[sl] = np.max(np.where(unmasked, np.abs(Z) + ez, 0.0), axis=-1) if S else 0.0
 
     def weights(self, sl: slice, unmasked: np.ndarray, W: np.ndarray, W_err: np.ndarray) -> None:
@@ -384,14 +430,25 @@ class _Rows:
 _LOOSE = 2.0 ** -30
 
 
+def _eps(ey: np.ndarray, rel: float) -> np.ndarray:
+    """A bound on the relative error of a weight exp(y) computed within rel, for y off by at most ey."""
+    return up(expm1_up(ey) * (1 + rel) + rel)
+
+
+def _row_eps(rows: np.ndarray, ey: np.ndarray, rel: float, unmasked: np.ndarray) -> np.ndarray:
+    """:func:`_eps` of every weight of the rows ``rows`` of a block, 0 at a masked key."""
+    return np.where(unmasked[rows], _eps(ey[rows], rel), 0.0)
+
+
 def _loose_rows(rows, w, rel, ey, eps, unmasked):
     """For the rows ``rows`` of a block: an upper bound wup on each exact weight exp(x_j - M), and
     err >= |w~_j - exp(x_j - M)|, from the element's own errors rather than the row's worst.
 
     x_j - M <= y_j + ey_j <= ey_j (y_j = Z_j - M <= 0), so exp(x_j - M) <= e**ey_j, and it is at most
-    e**ey_j (w~_j + 2**-1074) / (1 - rel_j) from the exp's own result (2**-1074: its underflow).
+    e**ey_j (w~_j + 2**-1074) / (1 - rel) from the exp's own result (rel: its relative error bound,
+    2**-1074: its underflow).  ``eps`` is :func:`_row_eps` of these rows.
     """
-    w, rel, ey, eps, unm = w[rows], rel[rows], ey[rows], eps[rows], unmasked[rows]
+    w, ey, unm = w[rows], ey[rows], unmasked[rows]  # (eps: of these rows already)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         grow = up(1 + expm1_up(ey))  # >= e**ey, inf where ey is huge
         from_w = np.where(rel < 0.5, up(grow * (w + 2.0 ** -1074) / (1 - rel)), np.inf)
