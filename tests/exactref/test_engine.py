@@ -108,6 +108,30 @@ def test_sliced_product_takes_a_in_blocks_of_bounded_size_and_still_encloses(mon
     assert sizes == [30] * 40
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_sliced_product_takes_the_quick_cut_at_any_length_when_asked_and_still_encloses(seed):
+    """matmul_sliced(quick=True) cuts B into one slice past _QUICK_MAX_K too (attention's P V at
+    1024 keys): the exact values (Fractions) lie in the enclosures, whose radius is about 2**-28
+    gamma_K of the rest's rank-one bounds (row sums of |A| times column maxima of |B|, and row maxima
+    times column sums), and far above the six products' (the mutation: quick ignored)."""
+    rng = np.random.default_rng(seed)
+    K = 1024
+    assert K > products._QUICK_MAX_K
+    # Weights of a softmax row (53-bit values spanning decades) against float32 values.
+    A = rng.random((3, K)) * np.exp2(rng.integers(-40, 0, (3, K)))
+    A[0, :3] = [1.0, -(2.0 ** -80), 3.0 * 2.0 ** -1000]
+    B = rng.standard_normal((K, 4)).astype(np.float32).astype(np.float64)
+    quick, fine = products.matmul_sliced(A, B, quick=True), products.matmul_sliced(A, B)
+    ex = exact_product(A, B)
+    absA, absB = np.abs(A), np.abs(B)
+    R = absA.sum(1)[:, None] * absB.max(0) + absA.max(1)[:, None] * absB.sum(0)
+    for i in range(3):
+        for j in range(4):
+            assert contains(quick, ex[i][j], i, j)
+    assert (quick.rad <= 2.0 ** -26 * products.gamma(K, 2.0 ** -53) * R).all()
+    assert (quick.rad > 2.0 ** 10 * fine.rad).any()
+
+
 def test_sliced_product_is_tight_enough_to_decide_float64():
     rng = np.random.default_rng(0)
     A, B = rng.standard_normal((64, 64)), rng.standard_normal((64, 64))
