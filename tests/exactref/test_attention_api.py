@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 import random
 import re
 import time
@@ -403,6 +404,34 @@ def test_the_second_pass_pairwise_sum_holds_its_bound(n):
         exact = sum((_ld_fraction(v) for v in row), Fraction(0))
         bound = Fraction(second._gamma(levels)) * sum((abs(_ld_fraction(v)) for v in row), Fraction(0))
         assert abs(_ld_fraction(t) - exact) <= bound
+
+
+@pytest.mark.skipif(not second.available(), reason="longdouble is float64 here: no second pass")
+@pytest.mark.parametrize("case", ["weights", "dP"])
+def test_the_second_pass_row_sum_from_unnormalised_weights_holds_against_fractions(case):
+    # D = rowsum(P dP) as rowsum(w dP) / W (_unnormalised_row_sums), with the exact values pushed to
+    # the edges of what the bounds allow: weights within eps of the computed ones (rows of keys
+    # with dP = +1 weighed up, dP = -1 down), or dP within its radius (all up).  Each case has one
+    # dominant term, pi sum P |dP| or sum P e_dP: dropping it fails the test.
+    rng = np.random.default_rng(3)
+    rows, S = 6, 16
+    w = second.LD(rng.random((rows, S)) + 0.1) * second.LD(1 + 2.0 ** -60)
+    w[:, 0] = 1  # exp(0): the row's largest
+    W, levels = second._pairwise_sum(w)
+    sign = np.where(rng.random((rows, S)) < 0.5, 1.0, -1.0)
+    dP_hi = sign * (1 + rng.random((rows, S)))
+    eps, rad = (2.0 ** -30, 0.0) if case == "weights" else (2.0 ** -62, 2.0 ** -30)
+    dP_rad = np.full((rows, S), rad)
+    dP, e_dP, adP = second._dP(dP_hi, np.zeros((rows, S)), dP_rad)
+    pi = np.asarray(second.ratio_error(np.full(rows, eps), second.U2, second._gamma(levels)))
+    D, e_D = second._unnormalised_row_sums(w, W, pi, dP, e_dP, adP)
+    for i in range(rows):
+        exact_w = [_ld_fraction(w[i, j]) * (1 + Fraction(eps) * int(sign[i, j])) for j in range(S)]
+        exact_dP = [Fraction(dP_hi[i, j]) + Fraction(rad) for j in range(S)]
+        exact = sum(a * b for a, b in zip(exact_w, exact_dP)) / sum(exact_w)
+        err = abs(_ld_fraction(D[i]) - exact)
+        assert err <= Fraction(e_D[i]), (case, i)
+        assert err >= Fraction(e_D[i]) / 8, (case, i)  # the bound is near what the edges reach
 
 
 def _ld_fraction(x):
