@@ -397,3 +397,52 @@ def test_matmul_up_bounds_of_a_times_b_forming_of_in_blocks_of_bounded_size(monk
     blocks.clear()
     _first.matmul_up(A, B, of=of, more=(E,))
     assert blocks == [120] * 50
+
+
+def _cap_cases():
+    """(name, q, k, v, grad, kwargs, whether the cap may be skipped for every gradient)."""
+    gen = torch.Generator().manual_seed(11)
+
+    def draw(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=gen).to(dtype)
+    q, k, v, g = (draw(1, 2, 64, 16) for _ in range(4))
+    yield "float32", q, k, v, g, {}, True
+    q, k, v, g = (draw(1, 2, 64, 16, dtype=torch.float16) for _ in range(4))
+    yield "float16", q, k, v, g, {}, True
+    yield "float16 efficient", q, k, v, g, {"algorithm": er.AttentionAlgorithm.EFFICIENT_ATTENTION}, True
+    yield "float16 flash", q, k, v, g, {"algorithm": er.AttentionAlgorithm.FLASH_ATTENTION}, False
+    q, k, v, g = draw(1, 4, 32, 8), draw(1, 2, 32, 8), draw(1, 2, 32, 8), draw(1, 4, 32, 8)
+    yield "grouped heads", q, k, v, g, {"enable_gqa": True}, True
+    q, k, v, g = (draw(1, 2, 48, 8) for _ in range(4))
+    yield "causal", q, k, v, g, {"is_causal": True}, False
+    # Logits of a few thousand nats in float32: the weights' relative bound is loose, and the cap binds.
+    q, k, v, g = draw(1, 2, 16, 8) * 30, draw(1, 2, 16, 8) * 10, draw(1, 2, 16, 8), draw(1, 2, 16, 8)
+    yield "large logits", q, k, v, g, {}, False
+
+
+@pytest.mark.parametrize("case", list(_cap_cases()), ids=lambda c: c[0])
+def test_a_skipped_backward_cap_leaves_every_tolerance_as_computing_it_would(case, monkeypatch):
+    # _caps.cap_cannot_bind spares the cap where it proves min(E, cap) = E: the gradients'
+    # tolerances and overflow marks are bit for bit those of computing it.  Where the cap binds
+    # (large logits), a check that always said yes (the mutation) changes them.
+    from exactref.ops.attention import _model
+    name, q, k, v, g, kw, skips = case
+    real = _model.cap_cannot_bind
+    answers = []
+
+    def recording(*a, **k_):
+        answers.append(real(*a, **k_))
+        return answers[-1]
+    monkeypatch.setattr(_model, "cap_cannot_bind", recording)
+    skipped = er.scaled_dot_product_attention(q, k, v, **kw).backward(g)
+    assert answers and all(answers) == skips
+    monkeypatch.setattr(_model, "cap_cannot_bind", lambda *a, **k_: False)
+    computed = er.scaled_dot_product_attention(q, k, v, **kw).backward(g)
+    for grad in GRADS:
+        for field in ("tolerance", "lo", "hi", "nan_ok", "special_ok"):
+            a, b = (getattr(r[grad]._parts[0], field) for r in (skipped, computed))
+            assert np.array_equal(a, b, equal_nan=True), (name, grad, field)
+    if name == "large logits":
+        monkeypatch.setattr(_model, "cap_cannot_bind", lambda *a, **k_: True)
+        always = er.scaled_dot_product_attention(q, k, v, **kw).backward(g)
+        assert any(not np.array_equal(always[grad].tolerance, computed[grad].tolerance) for grad in GRADS)

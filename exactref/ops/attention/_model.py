@@ -52,7 +52,7 @@ from ..._parallel import for_each_slice
 from ..._pool import empty
 from ...engine.fast import gamma, up
 from ...formats import FLOAT32, Format
-from ._caps import backward_cap, ds_kernel_bound, forward_cap
+from ._caps import backward_cap, cap_cannot_bind, ds_kernel_bound, forward_cap
 from ._first import (
     _BLOCK,
     FirstPass,
@@ -408,9 +408,16 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
                 E = E + _g(blocks, u_o) * (bound + E)
         E = up(E * _SLACK)
         E = np.where(np.isfinite(E), E, np.inf)
-        # What a finite computation can produce bounds E where the weights' relative bound fails.
-        cap = backward_cap(fp, wts, model, fmt, E_fwd, which, depth, blocks)
-        E, bound = np.fmin(E, cap), np.fmin(bound, cap)
+        # What a finite computation can produce bounds E where the weights' relative bound fails;
+        # where that provably never happens, the cap is not computed (the same E and bound).
+        n = c * (L if which in ("key", "value") else S)
+        skip = (np.all(E < np.inf) and np.all(bound < np.inf)
+                and cap_cannot_bind(fp, wts, model, fmt, which, gd, n, shared=(e_S, dS_up),
+                                    grow=grow if which == "value" else 0.0,
+                                    eta_p=eta_p if which == "value" else 0.0, absolute=2 * depth * eta))
+        if not skip:
+            cap = backward_cap(fp, wts, model, fmt, E_fwd, which, depth, blocks)
+            E, bound = np.fmin(E, cap), np.fmin(bound, cap)
         overflow = (bound + E >= big) | head_big[cop].any(axis=1)[:, None, None]
         if ds_over is not None and which != "value":
             # A row of dS with an infinite entry makes its whole row of grad_query (or column,
