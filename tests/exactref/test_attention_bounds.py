@@ -418,6 +418,19 @@ def _cap_cases():
     # Logits of a few thousand nats in float32: the weights' relative bound is loose, and the cap binds.
     q, k, v, g = draw(1, 2, 16, 8) * 30, draw(1, 2, 16, 8) * 10, draw(1, 2, 16, 8), draw(1, 2, 16, 8)
     yield "large logits", q, k, v, g, {}, False
+    # bfloat16 output gradients near 2e37, 64 queries on 4 keys: grad_value's sums of |terms| may
+    # overflow float32 (dO V^T may not), so its overflow marks come from the bound on them, not
+    # from a rank-one bound above it.
+    q, k = draw(1, 1, 64, 4, dtype=torch.bfloat16), draw(1, 1, 4, 4, dtype=torch.bfloat16)
+    v, g = (draw(1, 1, 4, 4) * 0.1).to(torch.bfloat16), (draw(1, 1, 64, 4) * 2e37).to(torch.bfloat16)
+    yield "near overflow", q, k, v, g, {}, True
+
+
+def _same_judgements(a, b, name):
+    for grad in GRADS:
+        for field in ("tolerance", "lo", "hi", "nan_ok", "special_ok"):
+            x, y = (getattr(r[grad]._parts[0], field) for r in (a, b))
+            assert np.array_equal(x, y, equal_nan=True), (name, grad, field)
 
 
 @pytest.mark.parametrize("case", list(_cap_cases()), ids=lambda c: c[0])
@@ -438,11 +451,29 @@ def test_a_skipped_backward_cap_leaves_every_tolerance_as_computing_it_would(cas
     assert answers and all(answers) == skips
     monkeypatch.setattr(_model, "cap_cannot_bind", lambda *a, **k_: False)
     computed = er.scaled_dot_product_attention(q, k, v, **kw).backward(g)
-    for grad in GRADS:
-        for field in ("tolerance", "lo", "hi", "nan_ok", "special_ok"):
-            a, b = (getattr(r[grad]._parts[0], field) for r in (skipped, computed))
-            assert np.array_equal(a, b, equal_nan=True), (name, grad, field)
+    _same_judgements(skipped, computed, name)
     if name == "large logits":
         monkeypatch.setattr(_model, "cap_cannot_bind", lambda *a, **k_: True)
         always = er.scaled_dot_product_attention(q, k, v, **kw).backward(g)
         assert any(not np.array_equal(always[grad].tolerance, computed[grad].tolerance) for grad in GRADS)
+
+
+@pytest.mark.parametrize("case", list(_cap_cases()), ids=lambda c: c[0])
+def test_the_overflow_marks_from_a_rank_one_bound_are_those_of_the_exact_bound(case, monkeypatch):
+    # backward_tolerance makes the bound on the gradients' sums of |terms| (for their overflow
+    # marks) only where a rank-one bound above it does not keep every element below the overflow:
+    # the marks are those of always making it.  Near overflow some are set, and a rank-one
+    # "bound" that is no bound (the mutation: zeros) loses them.
+    from exactref.ops.attention import _model
+    name, q, k, v, g, kw, _ = case
+    default = er.scaled_dot_product_attention(q, k, v, **kw).backward(g)
+    real = _model._rank_one_bound
+    monkeypatch.setattr(_model, "_rank_one_bound", lambda *a: np.full_like(real(*a), np.inf))
+    exact = er.scaled_dot_product_attention(q, k, v, **kw).backward(g)
+    _same_judgements(default, exact, name)
+    if name == "near overflow":
+        assert any(default[grad]._parts[0].special_ok.any() for grad in GRADS)
+        monkeypatch.setattr(_model, "_rank_one_bound", lambda *a: np.zeros_like(real(*a)))
+        lost = er.scaled_dot_product_attention(q, k, v, **kw).backward(g)
+        assert sum(lost[grad]._parts[0].special_ok.sum() for grad in GRADS) < sum(
+            default[grad]._parts[0].special_ok.sum() for grad in GRADS)

@@ -55,6 +55,7 @@ from ...formats import FLOAT32, Format
 from ._caps import backward_cap, cap_cannot_bind, ds_kernel_bound, forward_cap
 from ._first import (
     _BLOCK,
+    TINY,
     FirstPass,
     _cat_cols,
     _cat_rows_t,
@@ -352,6 +353,21 @@ def _backward_shared(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fw
     return shared
 
 
+def _rank_one_bound(X: np.ndarray, axis: int, absY: np.ndarray, scale: float, cop: np.ndarray,
+                    n: int) -> np.ndarray:
+    """An upper bound on ``scale * matmul_up(X', absY)`` for the gradient's concatenation X' of the
+    (H, L, S) array X over its copies ``cop``, summing over ``axis`` of X (n terms): each element
+    is at most its row's sum of X' times its column's largest |Y|, and matmul_up's own roundings
+    (about 2 gamma_n, and 2 n TINY) and the sums' are paid for."""
+    g = _g(n, 2.0 ** -53)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rows = np.sum(X, axis=axis)[cop].sum(axis=1)  # (own heads, rows of the gradient)
+        rows = up(rows * (1 + 2 * g))
+        cols = np.max(absY, axis=-2, initial=0.0)  # (own heads, columns)
+        out = up((rows[..., :, None] * cols[..., None, :] * (1 + 4 * g + 2.0 ** -48) + 4 * n * TINY) * scale)
+    return np.where(np.isnan(out), np.inf, out)
+
+
 def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray,
                        which: str) -> tuple[np.ndarray, np.ndarray]:
     """E and the overflow marks of one gradient (in its operand's own batch), under ``model``.
@@ -384,8 +400,12 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             E = matmul_up(Pcat, absG, of=lambda P, r: P * (r + (1 + r) * grow), more=(_cat_rows_t(rho, cop),))
             colsumG = np.sum(absG, axis=-2)[:, None, :]
             E = E + (eta_p + eta) * (1 + gd) * colsumG + 2 * depth * eta
-            bound = matmul_up(Pcat, absG)
-            if model.blocks_in_output_format and half:
+
+            def exact_bound() -> np.ndarray:
+                return matmul_up(Pcat, absG)
+            sums = (fp.P_up, -2, absG, 1.0)
+            bound = exact_bound() if model.blocks_in_output_format and half else None
+            if bound is not None:
                 E = E + _g(blocks, u_o) * (bound + E)
         else:
             X, Y = (_cat_cols, fp.Kh) if which == "query" else (_cat_rows_t, fp.Qh)
@@ -398,7 +418,12 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             # block of rows at a time.
             Xe, Xd = X(e_S, cop), X(dS_up, cop)
             E = s * matmul_up(Xe, absY, of=lambda e, d: e + gd * (d + e), more=(Xd,)) + 2 * depth * eta * (1 + s)
-            bound = s * matmul_up(Xd, absY, of=np.add, more=(Xe,))
+
+            def exact_bound() -> np.ndarray:
+                return s * matmul_up(Xd, absY, of=np.add, more=(Xe,))
+            sums = (dS_up + e_S, -1 if which == "query" else -2, absY, s)
+            needed = wts.prescaled or (model.blocks_in_output_format and half)
+            bound = exact_bound() if needed else None
             if wts.prescaled:
                 # The rounded pre-scaled operand multiplies dS too: u_in of each term, and its
                 # underflow eta_in / 2 times |dS| (item 4 above; c's rounding is in the depth's 6).
@@ -411,14 +436,24 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
         # What a finite computation can produce bounds E where the weights' relative bound fails;
         # where that provably never happens, the cap is not computed (the same E and bound).
         n = c * (L if which in ("key", "value") else S)
-        skip = (np.all(E < np.inf) and np.all(bound < np.inf)
+        skip = (np.all(E < np.inf) and (bound is None or np.all(bound < np.inf))
                 and cap_cannot_bind(fp, wts, model, fmt, which, gd, n, shared=(e_S, dS_up),
                                     grow=grow if which == "value" else 0.0,
                                     eta_p=eta_p if which == "value" else 0.0, absolute=2 * depth * eta))
-        if not skip:
-            cap = backward_cap(fp, wts, model, fmt, E_fwd, which, depth, blocks)
-            E, bound = np.fmin(E, cap), np.fmin(bound, cap)
-        overflow = (bound + E >= big) | head_big[cop].any(axis=1)[:, None, None]
+        cap = None if skip else backward_cap(fp, wts, model, fmt, E_fwd, which, depth, blocks)
+        if cap is not None:
+            E = np.fmin(E, cap)
+        # The bound on the sum of |terms| matters only for the overflow marks: where a rank-one
+        # bound on it keeps every element below the overflow, its product is not made.
+        if bound is None and not np.all(_rank_one_bound(*sums, cop, n) + E < big):
+            bound = exact_bound()
+            if skip and not np.all(bound < np.inf):
+                # (cap_cannot_bind's min(bound, cap) = bound needs bound finite.)
+                cap = backward_cap(fp, wts, model, fmt, E_fwd, which, depth, blocks)
+        if bound is not None and cap is not None:
+            bound = np.fmin(bound, cap)
+        overflow = np.broadcast_to(head_big[cop].any(axis=1)[:, None, None], E.shape)
+        overflow = overflow.copy() if bound is None else (bound + E >= big) | overflow
         if ds_over is not None and which != "value":
             # A row of dS with an infinite entry makes its whole row of grad_query (or column,
             # for grad_key) inf or NaN, in every copy it is summed over.
