@@ -314,17 +314,31 @@ def test_weights_recomputed_from_a_stored_logsumexp_stay_under_the_kernel_weight
     assert kernel.max() > 1.05  # the stored logsumexp's error matters here
 
 
+def test_row_sums_by_halves_are_within_their_bound_where_every_level_rounds():
+    # 1 + h + h + 0 with h just above half an ulp of 1: the first halves' sum rounds up by about
+    # h, and so does the next: an error of about 2 u of the sum, which gamma_2 (levels = 2) covers
+    # and gamma_1 (the mutation: a level fewer) does not.
+    from exactref.ops.attention import _first
+    h = 2.0 ** -53 * (1 + 2.0 ** -52)
+    w = np.array([[1.0, h, h, 0.0]])
+    got, rel = _first._sum_rows(w)
+    exact = 1 + 2 * Fraction(h)
+    err = abs(Fraction(got[0]) - exact)
+    assert err <= Fraction(rel[0]) * exact
+    assert err > Fraction(_first.g(1)) * exact
+
+
 @pytest.mark.parametrize("rows", [1, 7, 40])
-def test_compensated_row_sums_in_blocks_on_threads_are_within_their_bound(rows, monkeypatch):
-    # _sum_rows adds each block of rows from its own transposed copy, the blocks on several threads:
-    # every row's sum must still be Sum2's, within u |s| + 2 gamma_{n-1}**2 sum(w) of the exact sum
-    # (Fractions), and the result the same whatever the blocks.
+def test_row_sums_in_blocks_on_threads_are_within_their_bound(rows, monkeypatch):
+    # _sum_rows adds each block of rows by halves, the blocks on several threads: every row's sum
+    # must be within gamma_levels sum(w) of the exact sum (Fractions), odd lengths included, and the
+    # result the same whatever the blocks.
     from exactref import _parallel
     from exactref.ops.attention import _first
     monkeypatch.setattr(_parallel, "width", lambda: 1 if getattr(_parallel._local, "inside", False) else 3)
     rng = np.random.default_rng(rows)
-    n = 300
-    # Weights over many binades, so a plain float64 sum would err far more than the bound.
+    n = 301
+    # Weights over many binades, some zero.
     w = np.exp(rng.standard_normal((2, rows, n)) * 12) * (rng.random((2, rows, n)) < 0.9)
     got, rel = _first._sum_rows(w)
     for h in range(2):
