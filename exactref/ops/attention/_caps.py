@@ -192,18 +192,19 @@ def backward_cap(fp: FirstPass, wts, model, fmt: Format, E_fwd: np.ndarray, whic
     return np.where(np.isfinite(cap), cap, np.inf)
 
 
-def cap_cannot_bind(fp: FirstPass, wts, model, fmt: Format, which: str, gd: float, n: int,
+def cap_cannot_bind(fp: FirstPass, wts, model, fmt: Format, which: str, gd: tuple[float, float], n: int,
                     shared: tuple[np.ndarray, np.ndarray] | None = None, grow: float = 0.0,
                     eta_p: float = 0.0, absolute: float = 0.0) -> bool:
-    """Whether min(E, cap) = E and min(bound, cap) = bound for every element of one gradient, proven
+    """Whether min(E, cap) = E and min(bound, cap) = bound for every element of a gradient, proven
     from bounds below on the cap that need none of its products (then :func:`backward_cap` is not
     computed: at 1x8x1024x64 float32 it took 0.18 s of a 2 s forward and backward).
 
-    ``gd`` is the gradient's gamma_depth, ``n`` its products' length; ``shared`` holds (e_S,
+    ``gd`` is the least and the largest gamma_depth the answer must hold for (grad_query's and
+    grad_key's, answered once for both: each condition below is the harder for the larger on E's
+    side and the smaller on the cap's), ``n`` the longest product; ``shared`` holds (e_S,
     |dS| + e_dS) for grad_query and grad_key; ``grow``, ``eta_p`` and ``absolute`` (2 depth eta)
-    are grad_value's.  Models
-    that pre-scale an operand or store the running sums in the output format add terms whose
-    order this does not follow: for them the cap is computed.
+    are grad_value's.  Models that pre-scale an operand or store the running sums in the output
+    format add terms whose order this does not follow: for them the cap is computed.
 
     The lower bounds: a kernel's |P~| bound Pk is at least min(P_up, 1) (its recomputed bound is
     at least F >= 1, its relative one P_up (1 + rho)), and its |dS~| bound at least Pk B (dP_k >= B,
@@ -213,54 +214,47 @@ def cap_cannot_bind(fp: FirstPass, wts, model, fmt: Format, which: str, gd: floa
 
     * grad_query, grad_key: E's terms e + gd (d + e) and bound's d + e (e = e_S, d = |dS| + e_dS),
       against the cap's d (its exact |dS| bound is d where d <= min(P_up, 1) (B + max_row B), the
-      other term of its fmin) plus (1 + gd) Pk B: e + gd (d + e) and e + m (d + e) at most
-      (1 + gd) min(P_up, 1) B, both times 1 + m.
-    * grad_value: E's P_up (rho + (1 + rho) grow) at most (1 + gd) min(P_up, 1) (times 1 + m), and
-      its absolute term (eta_p + eta) (1 + gd) sum|dO| below half the cap's min(P_up, 1) |dO| (every
-      weight at least twice (eta_p + eta) (1 + gd) (1 + m)), which is at least 2 depth eta, the
-      term the two sides add in different orders; bound's P_up is the cap's min(P_up, 1) where no
-      P_up exceeds 1.
+      other term of its fmin) plus (1 + gd) Pk B: e + gd (d + e) and e + m (d + e) (implied by
+      the first where m <= gd) at most (1 + gd) min(P_up, 1) B, both times 1 + m.
+    * grad_value: E's P_up (rho + (1 + rho) grow) at most (1 + gd) min(P_up, 1) (times 1 + m), which
+      with no P_up above 1 is (rho + (1 + rho) grow) at most 1 + gd, at the largest rho; its absolute
+      term (eta_p + eta) (1 + gd) sum|dO| below half the cap's min(P_up, 1) |dO| (every weight at
+      least twice (eta_p + eta) (1 + gd) (1 + m)), which is at least 2 depth eta, the term the two
+      sides add in different orders; bound's P_up is the cap's min(P_up, 1).
 
     Both sides add 2 depth eta (1 + s) and round the same way otherwise, and rounding is monotone,
-    so E comes out at most the cap (tested against computing it, tests/exactref/test_attention_api.py).
+    so E comes out at most the cap (tested against computing it, tests/exactref/test_attention_bounds.py).
     No masked key: a masked weight's terms are up(0) on both sides, with no margin between them.
     """
     if wts.prescaled or (model.blocks_in_output_format and fmt.p < wts.acc.p) or not fp.unmasked.all():
-        # (A masked weight's terms are up(0) on both sides, with no margin between them.)
         return False
+    g_lo, g_hi = gd
     m = 4 * float(gamma(n, 2.0 ** -53)) + 2.0 ** -44
     lo, hi = 1 - 2.0 ** -50, (1 + m) * (1 + 2.0 ** -50)
     if which == "value":
         pm_min = float(np.min(fp.P_up, initial=np.inf))
         colsum_min = float(np.min(np.sum(fp.absG, axis=-2), initial=np.inf))
-        if not (np.max(fp.P_up, initial=0.0) <= 1 and pm_min >= (eta_p + wts.eta) * (1 + gd) * hi * 2
-                and pm_min * colsum_min * lo >= absolute):
-            return False
-        ok = by_rows(_value_rows, *fp.P_up.shape[:2], fp.P_up, wts.rho, (gd, grow, lo, hi))
-    else:
-        e_S, d = shared
-        ok = by_rows(_dS_rows, *fp.P_up.shape[:2], fp.P_up, fp.B, e_S, d, (gd, m, lo, hi))
+        rho_max = float(np.max(wts.rho, initial=0.0))  # (NaN where any is: then no test passes)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return bool(np.max(fp.P_up, initial=0.0) <= 1 and pm_min >= (eta_p + wts.eta) * (1 + g_hi) * hi * 2
+                        and pm_min * colsum_min * lo >= absolute
+                        and (rho_max + (1 + rho_max) * grow) * hi <= (1 + g_lo) * lo)
+    e_S, d = shared
+    ok = by_rows(_dS_rows, *fp.P_up.shape[:2], fp.P_up, fp.B, e_S, d, (g_lo, g_hi, m, lo, hi))
     return bool(np.all(ok[0]))
 
 
 def _dS_rows(P_up, B, e, d, consts):
     """Per row: cap_cannot_bind's conditions for grad_query and grad_key."""
-    gd, m, lo, hi = consts
+    g_lo, g_hi, m, lo, hi = consts
     with np.errstate(over="ignore", invalid="ignore"):
         pm = np.minimum(P_up, 1.0)
-        below = (1 + gd) * pm * B * lo  # <= (1 + gd) times the kernel's |dS~| bound
+        below = (1 + g_lo) * lo * pm * B  # <= (1 + gd) times the kernel's |dS~| bound
         de = d + e
-        ok = (e + gd * de) * hi <= below
-        ok &= (e + m * de) * hi <= below
+        ok = (e + g_hi * de) * hi <= below
+        if m > g_lo:
+            ok &= (e + m * de) * hi <= below
         # The cap's exact |dS| bound: fmin(d, up(min(P_up, 1) (B + Bmax))) is d (no key is masked).
         Bmax = np.max(B, axis=-1, initial=0.0)[..., None]
         ok &= d <= pm * (B + Bmax)
-    return (np.all(ok, axis=-1),)
-
-
-def _value_rows(P_up, rho, consts):
-    """Per row: cap_cannot_bind's condition for grad_value's E."""
-    gd, grow, lo, hi = consts
-    with np.errstate(over="ignore", invalid="ignore"):
-        ok = P_up * (rho + (1 + rho) * grow) * hi <= (1 + gd) * np.minimum(P_up, 1.0) * lo
     return (np.all(ok, axis=-1),)

@@ -353,6 +353,25 @@ def _backward_shared(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fw
     return shared
 
 
+def _qk_cap_cannot_bind(fp: FirstPass, wts: _Weights, model: AttentionTolerance, fmt: Format,
+                        E_fwd: np.ndarray, e_S: np.ndarray, dS_up: np.ndarray) -> bool:
+    """:func:`cap_cannot_bind` for grad_query and grad_key together, answered once per output gradient
+    and model (they read the same arrays; only their depths differ)."""
+    hit = fp.bwd_cache.get((model, "qk cap"))
+    if hit is not None and hit[0] is E_fwd:
+        return hit[1]
+    pb = fp.pb
+    gds, lengths = [], []
+    for which, rows, block in (("query", pb.S, model.grad_query_block), ("key", pb.L, model.grad_key_block)):
+        c = pb.copies(which).shape[1]
+        gds.append(_g(rows * c + _blocks(rows, block) + 6, wts.u))
+        lengths.append(rows * c)
+    answer = cap_cannot_bind(fp, wts, model, fmt, "query", (min(gds), max(gds)), max(lengths),
+                             shared=(e_S, dS_up))
+    fp.bwd_cache[(model, "qk cap")] = (E_fwd, answer)
+    return answer
+
+
 def _rank_one_bound(X: np.ndarray, axis: int, absY: np.ndarray, scale: float, cop: np.ndarray,
                     n: int) -> np.ndarray:
     """An upper bound on ``scale * matmul_up(X', absY)`` for the gradient's concatenation X' of the
@@ -437,9 +456,9 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
         # where that provably never happens, the cap is not computed (the same E and bound).
         n = c * (L if which in ("key", "value") else S)
         skip = (np.all(E < np.inf) and (bound is None or np.all(bound < np.inf))
-                and cap_cannot_bind(fp, wts, model, fmt, which, gd, n, shared=(e_S, dS_up),
-                                    grow=grow if which == "value" else 0.0,
-                                    eta_p=eta_p if which == "value" else 0.0, absolute=2 * depth * eta))
+                and (_qk_cap_cannot_bind(fp, wts, model, fmt, E_fwd, e_S, dS_up) if which != "value" else
+                     cap_cannot_bind(fp, wts, model, fmt, which, (gd, gd), n, grow=grow, eta_p=eta_p,
+                                     absolute=2 * depth * eta)))
         cap = None if skip else backward_cap(fp, wts, model, fmt, E_fwd, which, depth, blocks)
         if cap is not None:
             E = np.fmin(E, cap)
