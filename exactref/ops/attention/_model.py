@@ -241,7 +241,7 @@ class _Weights:
             delta = (g_logit * f["A"] + 2 * u * (x_up + m_abs)
                      + 2 * u * (M_up + shift + 2 * math.log(max(S, 1)) + 1)
                      + eta * (2 * sigma * (1 + u) * (l1q[:, None] + l1k) + 4 * E) * (1 + s))
-            if pre:
+            if self.prescaled:  # (pre is up(0) > 0 otherwise)
                 delta = delta + pre * f["A"] + eta_in * (l1q[:, None] + l1k)
             delta = up(np.where(unmasked, delta, 0.0))
             self.h[sl] = np.sum(f["P_up"] * expm1_up(delta), axis=-1)
