@@ -32,7 +32,8 @@ def matmul_narrow(A: np.ndarray, B: np.ndarray) -> Enclosure:
         return Right(B, narrow=True).times(A)
 
 
-def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True, quick: bool = False) -> Enclosure:
+def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True, quick: bool = False,
+                  b_bits: int | None = None) -> Enclosure:
     """``A @ B`` for float64 inputs, to about three times float64's precision, by error-free slicing.
 
     A large product is computed in blocks of rows of A, side by side (exactref/_parallel.py);
@@ -47,10 +48,14 @@ def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True, quick: bo
     products instead of six, with a radius of about 2**-28 gamma_K times the
     rest's rank-one bounds (row sums of ``|A|`` times column maxima of ``|B|``,
     and the converse), for a product whose enclosure is not asked to decide
-    float64 roundings.
+    float64 roundings.  ``b_bits`` sets that slice's width (A's two take the rest of the budget):
+    for B's values of at most 24 significant bits (float32 and narrower), 24 bits leaves a remainder
+    of B only where a column spans more than its slice, and A's two slices of 53 - 24 -
+    log2(K) bits hold float32 values whole unless a row spans more than them: three products, of
+    which one, (A0 + A1) RB, is rounded, at about 2**-24 gamma_K of B's column maxima.
     """
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        right = Right(B, narrow=False, bound=bound, quick="always" if quick else False)
+        right = Right(B, narrow=False, bound=bound, quick="always" if quick else False, b_bits=b_bits)
         shape = right.out_shape(A)
         M = shape[-2]
         step = rows_per_block(shape, _ROWS_BLOCK, A.shape, _A_BLOCK)
@@ -242,7 +247,7 @@ class Right:
     """
 
     def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False, bound: bool = True,
-                 quick: bool | str = False) -> None:
+                 quick: bool | str = False, b_bits: int | None = None) -> None:
         self.B = B
         self.narrow = narrow
         self.pieces = pieces
@@ -260,7 +265,10 @@ class Right:
             self.absB, self.in32 = _abs_float32(B)
             return
         if quick == "always" or (quick and K <= _QUICK_MAX_K):
-            self.cut = self._prepare_sliced(B, *_quick_exponents(K), count=1, first=True)
+            beta_a, beta_b = _quick_exponents(K)
+            if b_bits is not None:  # (the same budget: A0 B0 and A1 B0 stay exact)
+                beta_a, beta_b = max(1, beta_a + beta_b - b_bits), min(b_bits, beta_a + beta_b - 1)
+            self.cut = self._prepare_sliced(B, beta_a, beta_b, count=1, first=True)
         else:
             beta = _slice_exponent(K)
             self.cut = self.fine = self._prepare_sliced(B, beta, beta, count=2, first=True)

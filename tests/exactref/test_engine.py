@@ -132,6 +132,37 @@ def test_sliced_product_takes_the_quick_cut_at_any_length_when_asked_and_still_e
     assert (quick.rad > 2.0 ** 10 * fine.rad).any()
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_sliced_product_with_b_in_one_slice_of_24_bits_encloses_narrow_values(seed):
+    """matmul_sliced(b_bits=24) (attention's q k^T and dO V^T for float32 and narrower inputs):
+    float32 values whose rows and columns span more binades than the slices hold, so that A has
+    a remainder past its two slices and B past its one: the exact values (Fractions) lie in the
+    enclosures, whose radius stays near 2**-24 gamma_K of the rank-one bounds, far above the full
+    cut's (the mutation: b_bits ignored)."""
+    rng = np.random.default_rng(seed)
+    K = 64
+    A = (rng.standard_normal((4, K)) * np.exp2(rng.integers(-30, 10, (4, K)))).astype(np.float32).astype(np.float64)
+    B = (rng.standard_normal((K, 5)) * np.exp2(rng.integers(-30, 10, (K, 5)))).astype(np.float32).astype(np.float64)
+    narrow, full = products.matmul_sliced(A, B, quick=True, b_bits=24), products.matmul_sliced(A, B)
+    ex = exact_product(A, B)
+    for i in range(4):
+        for j in range(5):
+            assert contains(narrow, ex[i][j], i, j)
+    absA, absB = np.abs(A), np.abs(B)
+    R = absA.sum(1)[:, None] * absB.max(0) + absA.max(1)[:, None] * absB.sum(0)
+    assert (narrow.rad <= 2.0 ** -20 * products.gamma(K, 2.0 ** -53) * R).all()
+    assert (narrow.rad > 2.0 ** 10 * full.rad).any()
+    # The point of the 24 bits: A's two slices, 23 bits each at K = 64, hold float32 rows that span
+    # fewer binades whole, so that (A0 + A1) RB is the only rounded product (three in all).
+    cut = products.Right(B, narrow=False, quick="always", b_bits=24).cut
+    assert (cut.beta_a, len(cut.slices)) == (23, 1)
+    # (Magnitudes in [2**-9, 2**11): 20 binades and 24 bits, within the 46 of two slices.)
+    A_near = (rng.choice([-1.0, 1.0], (4, K)) * rng.uniform(0.5, 1.0, (4, K))
+              * np.exp2(rng.integers(-8, 12, (4, K)))).astype(np.float32)
+    _, RA, _ = fast._slices(A_near.astype(np.float64), -1, cut.beta_a, 2)
+    assert not RA.any()
+
+
 def test_sliced_product_is_tight_enough_to_decide_float64():
     rng = np.random.default_rng(0)
     A, B = rng.standard_normal((64, 64)), rng.standard_normal((64, 64))
