@@ -85,8 +85,9 @@ def _exp_error_bound() -> float:
     error, Higham's running error bound for Horner's rule, the coefficients'
     rounding, the Taylor remainder): every one grows with |r|, and |r| is at
     most ln2/128 and a little.  On [-700, 0] the element-by-element bound
-    ran from 5.02 to 5.07 u and this one is 5.09 u: at about a third of the
-    block's numpy calls (docs/attention.md, "How the exact value is found").
+    ran from 5.02 to 5.07 u and this one is 5.09 u; the block makes about a
+    third of the numpy calls it made (docs/attention.md, "How the exact value
+    is found").
     """
     k_max = 746 * _N / math.log(2) + 1  # |k|
     t_max = k_max * abs(_C_LO) * (1 + 2 * U)  # |t| = |fl(k _C_LO)|
@@ -268,7 +269,8 @@ def sliced(A: np.ndarray, B: np.ndarray, quick: bool = False,
            b_bits: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``A @ B`` as ``hi + lo +- rad`` to about twice float64's precision (error-free slicing);
     ``quick``: with four BLAS products instead of six, to about 2**-28 gamma_K times rank-one bounds
-    on ``|A| @ |B|`` (:func:`exactref.engine.products.matmul_sliced`)."""
+    on ``|A| @ |B|``; ``b_bits``: the quick cut with B in one slice of that many bits
+    (:func:`exactref.engine.products.matmul_sliced`)."""
     if A.shape[-1] == 0:
         z = np.zeros(A.shape[:-1] + B.shape[-1:])
         return z, z.copy(), z.copy()

@@ -178,9 +178,10 @@ class _Rows:
 
     With ``whole`` False (every row of a head, for grad_key and grad_value, which ask for a few
     keys) the weights are kept unnormalised, w and the row sums W: the weights P = w / W and
-    dS are formed at the keys asked for, and D = rowsum(P dP) as rowsum(w dP) / W.  At
-    1x8x1024x64 float32 that spared a division, three float64 bounds and five arrays of the
-    head's size per weight (0.36 against 0.42 s for grad_key's 223 elements in 8 heads).
+    dS are formed at the keys asked for, and D = rowsum(P dP) as rowsum(w dP) / W.  That spares,
+    per weight of the head, a division, its float64 bounds and five arrays of the head's size: at
+    1x8x1024x64 float32, grad_key's pass (223 elements in 8 heads) took 0.39 s against 0.42 s with
+    the exp's changes alone and 0.46 s before them (medians of 6).
     """
 
     def __init__(self, sp: SecondPass, h: int, rows: np.ndarray, whole: bool = True) -> None:
