@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 import random
 import re
 import time
+from fractions import Fraction
 
 import flint
 import numpy as np
@@ -344,7 +344,7 @@ def test_the_first_pass_exp_bound_is_the_running_bound_at_its_largest():
     running = _running_bound(y)
     rel = _first.EXP_BLOCK_REL
     assert running.max() <= rel <= running.max() * 1.01
-    w, rel_block = _first._exp_block(y)
+    _, rel_block = _first._exp_block(y)
     assert rel_block == rel
 
 
