@@ -23,7 +23,7 @@ from .._parallel import for_each_slice
 from .._pool import empty
 from .fast import U64, Enclosure, _slices, _two_sum_into, _up_into, gamma, up
 
-__all__ = ["Right", "matmul_narrow", "matmul_sliced"]
+__all__ = ["Right", "matmul_narrow", "matmul_sliced", "one_slice_exponents"]
 
 
 def matmul_narrow(A: np.ndarray, B: np.ndarray) -> Enclosure:
@@ -55,7 +55,8 @@ def matmul_sliced(A: np.ndarray, B: np.ndarray, *, bound: bool = True, quick: bo
     which one, (A0 + A1) RB, is rounded, at about 2**-24 gamma_K of B's column maxima.
     """
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        right = Right(B, narrow=False, bound=bound, quick="always" if quick else False, b_bits=b_bits)
+        cut = one_slice_exponents(B.shape[-2], b_bits) if quick else None
+        right = Right(B, narrow=False, bound=bound, one_slice=cut)
         shape = right.out_shape(A)
         M = shape[-2]
         step = rows_per_block(shape, _ROWS_BLOCK, A.shape, _A_BLOCK)
@@ -184,6 +185,16 @@ def _quick_exponents(K: int) -> tuple[int, int]:
     return budget // 3, budget - budget // 3
 
 
+def one_slice_exponents(K: int, b_bits: int | None = None) -> tuple[int, int]:
+    """(beta_a, beta_b) of a quick cut: :func:`_quick_exponents`, or with B's one slice of ``b_bits``
+    bits and A's two taking the rest of the same budget (so ``A0 B0`` and ``A1 B0`` stay exact)."""
+    beta_a, beta_b = _quick_exponents(K)
+    if b_bits is None:
+        return beta_a, beta_b
+    budget = beta_a + beta_b
+    return max(1, budget - b_bits), min(b_bits, budget - 1)
+
+
 # The quick cut is taken for K up to this (see Right).
 _QUICK_MAX_K = 512
 
@@ -230,8 +241,9 @@ class Right:
     keeps as its ``pieces`` if ``pieces`` is True; a remainder that is zero
     altogether is not multiplied.
 
-    With ``quick``, for K up to ``_QUICK_MAX_K`` (at any K with ``quick="always"``),
-    B is cut into one slice instead, of beta_b bits, against A's two of beta_a bits
+    With ``quick``, for K up to ``_QUICK_MAX_K`` (at any K with ``one_slice``, which also sets
+    the exponents: :func:`one_slice_exponents`), B is cut into one slice instead, of beta_b bits,
+    against A's two of beta_a bits
     (:func:`_quick_exponents`: the same budget, beta_a + beta_b, so ``A0 B0``
     and ``A1 B0`` are exact).  The rest, the same expression with ``B0`` for
     ``B0 + B1``, is about 2**(-2 beta_a) + 2**(-beta_b) of the result (2**-28
@@ -247,7 +259,7 @@ class Right:
     """
 
     def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False, bound: bool = True,
-                 quick: bool | str = False, b_bits: int | None = None) -> None:
+                 quick: bool = False, one_slice: tuple[int, int] | None = None) -> None:
         self.B = B
         self.narrow = narrow
         self.pieces = pieces
@@ -264,11 +276,10 @@ class Right:
         if narrow or K == 0:
             self.absB, self.in32 = _abs_float32(B)
             return
-        if quick == "always" or (quick and K <= _QUICK_MAX_K):
-            beta_a, beta_b = _quick_exponents(K)
-            if b_bits is not None:  # (the same budget: A0 B0 and A1 B0 stay exact)
-                beta_a, beta_b = max(1, beta_a + beta_b - b_bits), min(b_bits, beta_a + beta_b - 1)
-            self.cut = self._prepare_sliced(B, beta_a, beta_b, count=1, first=True)
+        if one_slice is None and quick and K <= _QUICK_MAX_K:
+            one_slice = _quick_exponents(K)
+        if one_slice is not None:
+            self.cut = self._prepare_sliced(B, *one_slice, count=1, first=True)
         else:
             beta = _slice_exponent(K)
             self.cut = self.fine = self._prepare_sliced(B, beta, beta, count=2, first=True)

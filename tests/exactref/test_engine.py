@@ -154,7 +154,7 @@ def test_sliced_product_with_b_in_one_slice_of_24_bits_encloses_narrow_values(se
     assert (narrow.rad > 2.0 ** 10 * full.rad).any()
     # The point of the 24 bits: A's two slices, 23 bits each at K = 64, hold float32 rows that span
     # fewer binades whole, so that (A0 + A1) RB is the only rounded product (three in all).
-    cut = products.Right(B, narrow=False, quick="always", b_bits=24).cut
+    cut = products.Right(B, narrow=False, one_slice=products.one_slice_exponents(K, 24)).cut
     assert (cut.beta_a, len(cut.slices)) == (23, 1)
     # (Magnitudes in [2**-9, 2**11): 20 binades and 24 bits, within the 46 of two slices.)
     A_near = (rng.choice([-1.0, 1.0], (4, K)) * rng.uniform(0.5, 1.0, (4, K))
