@@ -278,7 +278,9 @@ class _Rows:
         if dP_all is not None:
             dP, e_dP = dP_all[at], e_dP_all[at]
         else:
-            dP, e_dP, _ = _dP(*(a[self.rows][at] for a in sp.dP_parts(self.h)))
+            # (Only those keys' values are read: not a copy of every row's first.)
+            pick = (self.rows,) if cols is None else np.ix_(self.rows, cols)
+            dP, e_dP, _ = _dP(*(a[pick] for a in sp.dP_parts(self.h)))
         T = dP - D[:, None]
         aT = _f(np.abs(T))
         e_T = up(e_dP + e_D[:, None] + U2 * aT)
