@@ -189,9 +189,7 @@ def _trim_later() -> None:
     global _last_release, _trimmer
     _last_release = time.monotonic()
     if _trimmer is None:
-        _trimmer = threading.Timer(_TRIM_AFTER, _trim_if_idle)
-        _trimmer.daemon = True
-        _trimmer.start()
+        _trimmer = _timer(_TRIM_AFTER)
 
 
 def _trim_if_idle() -> None:
@@ -204,11 +202,17 @@ def _trim_if_idle() -> None:
             return  # that op's last release waits again
         wait = _last_release + _TRIM_AFTER - time.monotonic()
         if wait > 0:
-            _trimmer = threading.Timer(wait, _trim_if_idle)
-            _trimmer.daemon = True
-            _trimmer.start()
+            _trimmer = _timer(wait)
             return
         _trim()
+
+
+def _timer(wait: float) -> threading.Timer:
+    """A started daemon timer that calls :func:`_trim_if_idle` in ``wait`` seconds."""
+    timer = threading.Timer(wait, _trim_if_idle)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def return_free() -> None:
