@@ -390,6 +390,43 @@ def test_the_second_pass_exp_holds_its_bound_against_arb():
 
 
 @pytest.mark.skipif(not second.available(), reason="longdouble is float64 here: no second pass")
+def test_the_second_pass_exp_reduction_holds_its_bound_where_k_c_lo_rounds_most():
+    # r = y - k ln2/256 is the one step of the exp whose bound, _ERR_R, is not a few units of
+    # longdouble: k _C_LO rounds in float64 (up to half an ulp of it, 2**-71 at the largest k)
+    # and ln2/256 - _C_HI - _C_LO is dropped (|k| |t|, 2**-72 at most).  At the k where the
+    # rounding is largest, and of the sign the tail's error takes too, the two add up to about
+    # 0.48 _ERR_R: dropping the rounding's term from _ERR_R (0.41 _ERR_R left) fails this test.
+    import mpmath
+
+    c_lo = second.LD(second._C_LO)
+    ks = np.arange(-4_062_630.0, -3_900_000.0)  # the largest |k| that y >= -11000 allows
+    # fl(k C_LO) - k C_LO, to 2**-11 of itself: the longdouble product has 11 bits more.
+    err = second.LD(ks * second._C_LO) - second.LD(ks) * c_lo
+    worst = ks[np.argsort(np.asarray(err, dtype=np.float64))[-8:]]  # rounded up the most
+    assert float(np.max(err)) > 0.9 * 2.0 ** -71
+    with mpmath.workprec(300):
+        step = mpmath.log(2) / 256
+        ys, exact_k = [], []
+        for k in worst:
+            for frac in (-0.49, -0.3, 0.0, 0.2, 0.49):
+                y = second.LD(float(k * step)) + second.LD(float(frac * step))
+                y += second.LD(2.0 ** -60) * second.LD(frac)  # bits below float64's
+                ys.append(y)
+                exact_k.append(k)
+        y = np.array(ys, dtype=second.LD)
+        k, r = second._reduce(y, np.asarray(y, dtype=np.float64))
+        assert np.array_equal(k, exact_k)
+        worst_err = 0
+        for yi, ki, ri in zip(y, k, r):
+            exact = mpmath.mpf(_ld_fraction(yi).numerator) / _ld_fraction(yi).denominator - int(ki) * step
+            got = mpmath.mpf(_ld_fraction(ri).numerator) / _ld_fraction(ri).denominator
+            assert abs(exact) <= second._R_MAX
+            worst_err = max(worst_err, abs(got - exact))
+        assert worst_err <= second._ERR_R
+        assert worst_err > 0.45 * second._ERR_R  # (what makes the test sensitive to the bound's terms)
+
+
+@pytest.mark.skipif(not second.available(), reason="longdouble is float64 here: no second pass")
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 8, 255, 256, 300])
 def test_the_second_pass_pairwise_sum_holds_its_bound(n):
     from fractions import Fraction

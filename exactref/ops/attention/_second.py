@@ -124,6 +124,13 @@ def _dot(X: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return total, up(_gamma(levels + 1) * absum)
 
 
+def _reduce(y: np.ndarray, yf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """k = rint(y N / ln2) (float64, from ``yf``, y rounded to float64) and r = y - k ln2/N in
+    longdouble, within _ERR_R of the exact r, for -11000 <= y <= 1 (see the constants above)."""
+    k = np.rint(yf * (_N / math.log(2)))
+    return k, (y - LD(k * _C_HI)) - LD(k * _C_LO)
+
+
 def _exp(y: np.ndarray, yf: np.ndarray) -> tuple[np.ndarray, float]:
     """exp(y) for longdouble y <= 0 (a few units of float64 above 0 allowed), and a bound on its relative error.
 
@@ -137,8 +144,7 @@ def _exp(y: np.ndarray, yf: np.ndarray) -> tuple[np.ndarray, float]:
     if not inside.all():
         yf = np.clip(np.nan_to_num(yf, nan=_Y_MIN), _Y_MIN, 1.0)
         y = np.where(inside, y, LD(yf))
-    k = np.rint(yf * (_N / math.log(2)))
-    r = (y - LD(k * _C_HI)) - LD(k * _C_LO)
+    k, r = _reduce(y, yf)
     rf = np.asarray(r, dtype=np.float64)
     q = _Q_COEF[-1]
     for c in reversed(_Q_COEF[:-1]):
