@@ -7,9 +7,9 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from exactref import _pool
+from exactref import _fused, _pool
 
-__all__ = ["median_times", "peak_bytes"]
+__all__ = ["loops", "median_times", "peak_bytes"]
 
 
 def median_times(fns: list[Callable[[], object]], repeat: int) -> list[float]:
@@ -42,3 +42,12 @@ def peak_bytes(fn: Callable[[], object]) -> int:
     finally:
         tracemalloc.stop()
     return peak - before
+
+
+def loops() -> str:
+    """Whether large outputs are judged by compiled loops (exactref/_fused.py), for a benchmark's header."""
+    if not _fused.available():
+        return "compiled loops off"
+    import numba
+
+    return f"compiled loops on (numba {numba.__version__})"

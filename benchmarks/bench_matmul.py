@@ -22,12 +22,16 @@ traced before it (the Result it returns is included), against the bytes of
 the float64 inputs plus one float64 output.  torch's own allocations are not
 traced; they belong to the baseline.
 
+With numba installed (``exactref[fast]``), large outputs are judged by
+compiled loops (exactref/_fused.py), which the header line says;
+``--no-loops`` judges with the numpy code instead (the same values).
+
 ``--floor`` adds, under each row, the time of the BLAS products alone that
 the exact matmul makes, in the engine's blocks on its threads: the floor of
 this design (two products for float32 and narrower, seven for float64).
 
 Run: python benchmarks/bench_matmul.py [--only float64] [--repeat N] [--sizes 512,1024] [--floor]
-     [--no-blas-limit] [--no-malloc-hold]
+     [--no-blas-limit] [--no-malloc-hold] [--no-loops]
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import numpy as np
 import torch
 
 # Run as a script, so benchmarks/ is on sys.path.
-from _measure import median_times, peak_bytes
+from _measure import loops, median_times, peak_bytes
 
 import exactref as er
 
@@ -152,6 +156,8 @@ def main() -> None:
     parser.add_argument("--no-malloc-hold", action="store_true",
                         help="diagnostic: let glibc's malloc trim freed memory, and numpy advise huge pages, as they "
                              "would (exactref/_malloc.py)")
+    parser.add_argument("--no-loops", action="store_true",
+                        help="diagnostic: judge with the numpy code, not numba's compiled loops (exactref/_fused.py)")
     args = parser.parse_args()
     if args.no_malloc_hold:
         from exactref import _malloc
@@ -162,8 +168,12 @@ def main() -> None:
 
         _threads._enabled = False
     sizes = {int(s) for s in args.sizes.split(",") if s}
+    if args.no_loops:
+        from exactref import _fused
+
+        _fused.available = lambda: False
     print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} torch threads, "
-          f"median of {args.repeat}{', BLAS limit off' if args.no_blas_limit else ''}"
+          f"{loops()}, median of {args.repeat}{', BLAS limit off' if args.no_blas_limit else ''}"
           f"{', malloc and huge pages left alone' if args.no_malloc_hold else ''}")
     for dtype, n in TARGETS:
         name = f"matmul {dtype} {n}"

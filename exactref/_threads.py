@@ -68,10 +68,19 @@ _width = 1  # the owner's BLAS threads before its limit: the threads its blocks 
 def _controller() -> Any:
     global _blas
     if _blas is None:
-        # Scanning the loaded libraries takes milliseconds: once.  numpy's BLAS, the only one
-        # ExactRef calls, is loaded with numpy, so libraries loaded later need not be seen.
+        # Scanning the loaded libraries takes milliseconds: once (until rescan()).  numpy's BLAS,
+        # the only one ExactRef calls, is loaded with numpy, so libraries loaded later need not
+        # be seen.
         _blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
     return _blas
+
+
+def rescan() -> None:
+    """Have the next op scan the loaded BLAS libraries again, so that one ExactRef's own imports
+    loaded since (numba imports scipy, which brings its BLAS) is held to the limit like the rest."""
+    global _blas
+    with _lock:
+        _blas = None
 
 
 def _limit() -> None:

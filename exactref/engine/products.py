@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _fused
 from .._parallel import for_each_slice
 from .._pool import empty
 from .fast import U64, Enclosure, _slices, _two_sum_into, _up_into, gamma, up
@@ -373,6 +374,23 @@ class Right:
         [2**-60, 2**60] could underflow or overflow, so those take float64.
         ``absA`` may pass ``|A|``, already computed.
         """
+        S = self._product_of_abs(A, absA)
+        return self._widen(S) if S.dtype == np.float32 else S
+
+    def bound_and_radius(self, A: np.ndarray, g: float) -> tuple[np.ndarray, np.ndarray]:
+        """``S = abs_bound(A)`` and ``up(g * S)``; where they apply, from one compiled loop that
+        widens the float32 product (exactref/_fused.py), with the same values."""
+        S = self._product_of_abs(A)
+        if S.dtype == np.float32:
+            fused = _fused.widen_float32(S, *self._widening(), g)
+            if fused is not None:
+                return fused
+            S = self._widen(S)
+        # (np.zeros: np.zeros_like costs several times more for a small product.)
+        return S, up(g * S) if g else np.zeros(S.shape)
+
+    def _product_of_abs(self, A: np.ndarray, absA: np.ndarray | None = None) -> np.ndarray:
+        """abs_bound's float32 product |A| |B|, to be widened (_widen); or its float64 bound itself."""
         K = self.K
         if K == 0:
             return np.zeros(self.out_shape(A))
@@ -382,12 +400,19 @@ class Right:
             # |B| in float32 is rounded: take it again, exactly.
             absB = np.abs(self.B) if self.in32 else self.absB
             return up((absA @ absB) / (1 - gamma(K, U64)))
-        S32 = absA.astype(np.float32) @ self.absB
+        return absA.astype(np.float32) @ self.absB
+
+    def _widening(self) -> tuple[float, float]:
+        """(scale, add): up(S32 scale + add) bounds |A| |B| from its float32 product S32."""
         u32 = 2.0 ** -24
+        return (1 + u32) ** 2 * (1 + gamma(self.K, u32)), self.K * 2.0 ** -149
+
+    def _widen(self, S32: np.ndarray) -> np.ndarray:
+        scale, add = self._widening()
         S = S32.astype(np.float64)
         del S32
-        np.multiply(S, (1 + u32) ** 2 * (1 + gamma(K, u32)), out=S)
-        np.add(S, K * 2.0 ** -149, out=S)
+        np.multiply(S, scale, out=S)
+        np.add(S, add, out=S)
         return _up_into(S)
 
     def times(self, A: np.ndarray, *, fine: bool = False, S: np.ndarray | None = None) -> Enclosure:
@@ -401,10 +426,8 @@ class Right:
     def _narrow(self, A: np.ndarray) -> Enclosure:
         hi = A @ self.B
         g = gamma(max(self.K - 1, 0), U64)
-        S = self.abs_bound(A)
         # Products are exact, so float64 sums err by at most gamma_{K-1} * sum|terms|.
-        # (np.zeros: np.zeros_like costs several times more for a small product.)
-        rad = up(g * S) if g else np.zeros(hi.shape)
+        S, rad = self.bound_and_radius(A, g)
         return Enclosure(hi, np.zeros(hi.shape), rad, S, lo_zero=True)
 
     def _sliced(self, A: np.ndarray, cut: _Slicing | None, S: np.ndarray | None = None) -> Enclosure:

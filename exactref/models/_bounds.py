@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from .. import _fused
 from ..engine.fast import _up_into, gamma, up
 from ..formats import Format
 from ..rounding import round_float64
@@ -64,6 +65,22 @@ def dot_error(S: np.ndarray, *, depth: int, acc: Format, out: Format, terms: int
     if not (k > 0 or underflow):
         return E
     return _up_into(E) if fresh else up(E)
+
+
+def dot_error_and_overflow(S: np.ndarray, *, depth: int, acc: Format, out: Format, terms: int = 0,
+                           underflow: bool = False, overflow_depth: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``(dot_error(S, ...), overflow_possible(S, acc, overflow_depth))``: the same values, in one
+    compiled pass over S where that applies (exactref/_fused.py)."""
+    same = acc is out or acc == out
+    k = depth - 1 if same else depth
+    under = bool(underflow and terms and (k > 0 or not same))
+    if k > 0:
+        fused = _fused.scaled_bound(S, gamma(k, acc.unit_roundoff), terms * acc.min_subnormal if under else 0.0,
+                                    1 + gamma(max(overflow_depth, 1), acc.unit_roundoff), acc.max_finite)
+        if fused is not None:
+            return fused
+    return (dot_error(S, depth=depth, acc=acc, out=out, terms=terms, underflow=underflow),
+            overflow_possible(S, acc, overflow_depth))
 
 
 def overflow_possible(S: np.ndarray, acc: Format, depth: int = 1) -> np.ndarray:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _pool
+from .. import _fused, _pool
 from .._convert import (
     Operand,
     _plain,
@@ -295,11 +295,16 @@ def _judge(sol: Solution, E: np.ndarray, fmt: Format, special: np.ndarray | None
     else:
         out = into[0]
 
+    fusable = special is None and nan_also is None and via is None and _fused.judges(fmt)
+
     def block(cut: slice) -> None:
         E_b, special_b, overflow_b, nan_b = (None if v is None else v[cut] for v in full)
+        place = cut if into is None else _within(into[1], cut, shape[0])
+        if fusable and _fused.judge_into(fmt, E_b, sol.x_lo[cut], sol.x_hi[cut], sol.rounded[cut], overflow_b,
+                                         out, place):
+            return  # (the same values, by one compiled loop: exactref/_fused.py)
         part = judge(sol.rounded[cut], sol.x_lo[cut], sol.x_hi[cut], _slackened(E_b), fmt, special=special_b,
                      overflow=overflow_b, nan_also=nan_b, via=via)
-        place = cut if into is None else _within(into[1], cut, shape[0])
         for name in _PART_DTYPES:
             out[name][place] = getattr(part, name)
     for_each_slice(block, shape[0], step)  # side by side (exactref/_parallel.py)

@@ -28,6 +28,7 @@ from ..formats import FLOAT8_FORMATS, FLOAT64, ComplexFormat, Format, part_of
 from ..models._bounds import (
     declared,
     dot_error,
+    dot_error_and_overflow,
     overflow_possible,
     partials_error,
     products_exact,
@@ -191,7 +192,8 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
                 E = np.minimum(E, E_any)
         else:
             # Elementwise: a large output's blocks side by side (exactref/_parallel.py).
-            E, may_overflow = elementwise(lambda s: (any_order(s), overflow_possible(s, acc, depth)), S)
+            E, may_overflow = elementwise(lambda s: dot_error_and_overflow(
+                s, depth=depth, acc=acc, out=out, terms=n, underflow=underflow, overflow_depth=depth), S)
         inner = S / magnitude(coef) if coef not in (0, 1, -1) else S
         if coef not in (0, 1, -1):
             # The product may be formed before it is scaled by a small coefficient.

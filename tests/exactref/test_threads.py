@@ -17,6 +17,7 @@ import threadpoolctl
 
 import exactref as er
 import exactref._threads as threads
+from exactref import _fused
 from exactref import result as result_module
 
 OUTER = 3
@@ -38,7 +39,12 @@ def limit_small_ops_too(monkeypatch):
 
 @pytest.fixture
 def outer():
-    """Run the test under a BLAS limit of OUTER threads, as a user's own setting."""
+    """Run the test under a BLAS limit of OUTER threads, as a user's own setting.
+
+    numba (exactref[fast], loaded by the first op with a compiled loop, exactref/_fused.py) imports
+    scipy, which loads a BLAS library of its own with its default threads: loaded first, as a
+    user's import of scipy would be, it is under the limit too."""
+    _fused.available()
     with threadpoolctl.threadpool_limits(limits=OUTER, user_api="blas"):
         assert blas_threads() and set(blas_threads()) == {OUTER}
         yield

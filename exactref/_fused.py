@@ -1,0 +1,435 @@
+"""Fused loops: several elementwise steps of a judgement in one pass over memory, compiled by numba.
+
+Why: numpy makes one pass over memory per operation, and writes each result
+to a fresh temporary.  Judging a float32 output is about thirty such passes
+per element (the tolerance's slack, both ends of the acceptance interval with
+their own slack, their roundings to float32, the tolerance, the copies into
+the Result's arrays): on 2 cores that was about an eighth of a float32
+1024**3 matmul, as much as all its work besides the two BLAS products.  One
+compiled loop does the same operations on each element while it is in a
+register, and writes each output once.
+
+The loops are the numpy code's operations in the same order, in IEEE
+double precision: numba compiles them with LLVM without fast-math, so
+nothing is reassociated or contracted into a fused multiply-add, and the
+values are those of the numpy code bit for bit (tests/exactref/test_fused.py
+compares them on NaN, infinities, zeros, subnormals and values past
+float32's range).  Each loop releases the GIL, so the blocks of a large
+output run side by side (exactref/_parallel.py).
+
+numba is optional: without it (:func:`available` is False), or for a small
+block, where the call's fixed cost would count, the numpy code runs.  A loop
+is compiled on its first call (about a second), and the compiled code is
+cached on disk for later processes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["available", "decide_float32", "decide_float64", "decides", "judge_into", "judges", "scaled_bound",
+           "widen_float32"]
+
+# Elements below which a block is judged by the numpy code: the loop's call costs a few
+# microseconds, as much as numpy's calls on about this many elements.
+MIN_SIZE = 1 << 12
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> bool:
+    """Whether numba can be imported here (it is an optional dependency)."""
+    try:
+        import numba
+
+        # numba's first compilation imports the rest of what it needs, scipy among them where it is
+        # installed, and with scipy a BLAS library of its own (about 0.2 s, once): now, so that
+        # the thread limits of the next op cover that library too (exactref/_threads.py).
+        numba.njit(lambda: 0)()
+    except Exception:  # noqa: BLE001 - an installed numba that fails to load is as good as none
+        return False
+    from . import _threads
+
+    _threads.rescan()
+    return True
+
+
+def _plain(*arrays: Any) -> bool:
+    """Whether the loops take these arrays as they are: large enough to pay for the call (the size
+    is tested first, so a small op never imports numba), numba present, and C-contiguous float64
+    arrays of one shape."""
+    first = arrays[0]
+    if type(first) is not np.ndarray or first.size < MIN_SIZE or not available():
+        return False
+    return all(type(a) is np.ndarray and a.shape == first.shape and a.dtype == np.float64 and a.flags.c_contiguous
+               for a in arrays)
+
+
+def _jit() -> Callable[[Callable[..., Any]], Any]:
+    """numba's compiler as the loops use it: IEEE arithmetic (no fast-math: nothing reassociated or
+    contracted into a fused multiply-add), the GIL released, bounds unchecked (every index is the
+    loop's own), numpy's rules for division by zero, and the machine code cached on disk."""
+    import numba
+
+    return numba.njit(nogil=True, cache=True, fastmath=False, boundscheck=False, error_model="numpy")
+
+
+@functools.lru_cache(maxsize=1)
+def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., None]]:
+    """The loops of :func:`judge_into`: float32's, float64's (both returning how many elements the
+    general one must redo) and the general one, for the elements a bit trick does not cover."""
+    # exactref.rounding's slack of below() and above(), and exactref.ops._common's tolerance slack.
+    from .ops._common import _SLACK
+    from .rounding import _ABS, _REL
+
+    bits, from_bits = _bitcasts()
+    inf = np.inf
+    big = float(np.finfo(np.float64).max)
+    jit = _jit()
+
+    @jit
+    def slackened(e):
+        # ops._common._slackened: E where E <= 0, else fmin(E * _SLACK, inf) (NaN becomes inf).
+        es = e * _SLACK
+        es = inf if es != es else es
+        return e if e <= 0 else es
+
+    @jit
+    def finish(i, e, low, high, xl, xh, r, special, lo, hi, tol, out_r, out_xlo, out_xhi, out_nan, out_special):
+        # The rest of result.judge: an exact answer where E is 0; the tolerance
+        # np.maximum(x_hi - lo, hi - x_lo) (NaN if either is), with its slack where positive, else 0;
+        # inf where the model marks an overflow; the Part's fields.
+        exact = e == 0
+        low = r if exact else low
+        high = r if exact else high
+        a = xh - low
+        b = high - xl
+        t = a if (a >= b) | (a != a) else b  # (b where b is NaN: a >= NaN is false)
+        t = t + (t * _REL + _ABS) if t > 0 else 0.0
+        sp = special[i]
+        lo[i] = low
+        hi[i] = high
+        tol[i] = inf if sp else t
+        out_r[i] = r
+        out_xlo[i] = xl
+        out_xhi[i] = xh
+        out_nan[i] = False
+        out_special[i] = sp
+
+    @jit
+    def float32(E, x_lo, x_hi, rounded, special, rare, *outs):
+        for i in range(E.size):
+            e = slackened(E[i])
+            xl = x_lo[i]
+            xh = x_hi[i]
+            # result._ends: below(x_lo - E, E) and above(x_hi + E, E), rounded to float32.
+            la = xl - e
+            ha = xh + e
+            la = la - ((abs(la) + e) * _REL + _ABS)
+            ha = ha + ((abs(ha) + e) * _REL + _ABS)
+            finish(i, e, np.float64(np.float32(la)), np.float64(np.float32(ha)), xl, xh, rounded[i], special,
+                   *outs)
+        return 0
+
+    @jit
+    def float64(E, x_lo, x_hi, rounded, special, rare, *outs):
+        count = 0
+        for i in range(E.size):
+            e = slackened(E[i])
+            xl = x_lo[i]
+            xh = x_hi[i]
+            # next_down(x_lo - E) and next_up(x_hi + E) from the bits, as rounding._step does: -0 and +0
+            # made the side's zero, then one unit toward -inf (or +inf).  Right for finite values.
+            la = -(0.0 - (xl - e))
+            ha = (xh + e) + 0.0
+            bl = bits(la)
+            bh = bits(ha)
+            low = from_bits(bl - ((bl >> 63) | 1))
+            high = from_bits(bh + ((bh >> 63) | 1))
+            odd = (~(abs(la) <= big)) | (~(abs(ha) <= big))  # inf or NaN: the general loop's
+            rare[i] = odd
+            count += odd
+            finish(i, e, low, high, xl, xh, rounded[i], special, *outs)
+        return count
+
+    @jit
+    def general(E, x_lo, x_hi, rounded, special, rare, *outs):
+        for i in np.flatnonzero(rare):
+            e = slackened(E[i])
+            xl = x_lo[i]
+            xh = x_hi[i]
+            finish(i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i], special, *outs)
+
+    return float32, float64, general
+
+
+def judges(fmt: Any) -> bool:
+    """Whether :func:`judge_into` judges outputs of ``fmt``: float32, whose rounding is numpy's cast,
+    and float64."""
+    return _rounds_by_cast(fmt) or _is_float64(fmt)
+
+
+def decides(fmt: Any) -> bool:
+    """Whether :func:`decide_float32` decides roundings to ``fmt``: float32 (numpy's cast rounds to it)."""
+    return _rounds_by_cast(fmt)
+
+
+def _rounds_by_cast(fmt: Any) -> bool:
+    return (getattr(fmt, "dtype", None) == np.float32 and fmt.p == 24 and fmt.cast_rounds and fmt.has_inf
+            and not fmt.saturates)
+
+
+def _is_float64(fmt: Any) -> bool:
+    return (getattr(fmt, "dtype", None) == np.float64 and fmt.p == 53 and fmt.emin == -1022 and fmt.has_inf
+            and not fmt.saturates)
+
+
+def judge_into(fmt: Any, E: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, rounded: np.ndarray,
+                       overflow: np.ndarray | None, out: dict[str, np.ndarray], place: Any) -> bool:
+    """``exactref.result.judge(rounded, x_lo, x_hi, _slackened(E), fmt, overflow=overflow)``
+    written into ``out[name][place]`` for every field of the Part, by one compiled loop; False
+    (nothing written) where that loop does not apply: numba missing, a small block, or arrays
+    that are not C-contiguous float64 of one shape (with ``overflow`` a bool array of it, or None).
+    ``fmt`` is one that :func:`judges`."""
+    shape = rounded.shape
+    if not _plain(rounded, E, x_lo, x_hi):
+        return False
+    if overflow is not None and (type(overflow) is not np.ndarray or overflow.shape != shape
+                                 or overflow.dtype != np.bool_ or not overflow.flags.c_contiguous):
+        return False
+    dst = {name: a[place] for name, a in out.items()}
+    if any(a.shape != shape or not a.flags.c_contiguous for a in dst.values()):
+        return False
+    special = np.zeros(shape, dtype=bool) if overflow is None else overflow
+    flat = [a.reshape(-1) for a in (E, x_lo, x_hi, rounded, special)]
+    outs = [dst[name].reshape(-1) for name in
+            ("lo", "hi", "tolerance", "rounded", "x_lo", "x_hi", "nan_ok", "special_ok")]
+    float32, float64, general = _judge_loops()
+    rare = np.empty(rounded.size, dtype=bool)
+    if (float64 if _is_float64(fmt) else float32)(*flat, rare, *outs):
+        general(*flat, rare, *outs)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _decide_float32_loop() -> Callable[..., None]:
+    from .rounding import _ABS, _REL
+
+    @_jit()
+    def loop(hi, rad, rounded, x_lo, x_hi, decided):
+        for i in range(hi.size):
+            h = hi[i]
+            r = rad[i]
+            # engine.sumprod._bounds_lo_zero: hi -+ rad, each moved out by its slack.
+            low = h - r
+            high = h + r
+            low = low - ((abs(low) + r) * _REL + _ABS)
+            high = high + ((abs(high) + r) * _REL + _ABS)
+            # engine.sumprod._decide_narrow: both ends cast to float32 alike (equal bits: equal
+            # values, as -0 and +0 are only where the sign test fails), and of one sign.
+            r_low = np.float32(low)
+            r_high = np.float32(high)
+            rounded[i] = np.float64(r_high)
+            x_lo[i] = low
+            x_hi[i] = high
+            decided[i] = (r_low == r_high) & ((low > 0) | (high < 0))
+
+    return loop
+
+
+def decide_float32(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """``engine.sumprod``'s rounding to float32 of the values in ``hi +- rad`` (an enclosure whose lo
+    is zero): the rounded values, float64 bounds x_lo and x_hi, and where decided, by one compiled
+    loop; None where it does not apply (numba missing, a small or non-contiguous block)."""
+    if not _plain(hi, rad):
+        return None
+    outs = (np.empty(hi.shape), np.empty(hi.shape), np.empty(hi.shape), np.empty(hi.shape, dtype=bool))
+    _decide_float32_loop()(hi.reshape(-1), rad.reshape(-1), *(o.reshape(-1) for o in outs))
+    return outs
+
+
+@functools.lru_cache(maxsize=1)
+def _bitcasts() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Numba intrinsics: a float64's bits as an int64, and back (LLVM's bitcast, as numpy's view)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def bits(typingctx, x):  # noqa: ARG001 - numba's signature for intrinsics
+        def codegen(context, builder, sig, args):  # noqa: ARG001
+            return builder.bitcast(args[0], ir.IntType(64))
+        return types.int64(types.float64), codegen
+
+    @intrinsic
+    def from_bits(typingctx, b):  # noqa: ARG001
+        def codegen(context, builder, sig, args):  # noqa: ARG001
+            return builder.bitcast(args[0], ir.DoubleType())
+        return types.float64(types.int64), codegen
+
+    return bits, from_bits
+
+
+@functools.lru_cache(maxsize=1)
+def _decide_float64_loop() -> Callable[..., None]:
+    from .engine import sumprod as sp
+
+    bits, from_bits = _bitcasts()
+    inf = np.inf
+    f64_max = float(np.finfo(np.float64).max)
+    exp_bits, mant_bits, low_bits, high_bits = sp._EXP_BITS, sp._MANT_BITS, sp._COMMON_LOW, sp._COMMON_HIGH
+    below_one, half_below, half_above, tiny = sp._BELOW, sp._HALF_BELOW, sp._HALF_ABOVE, sp._TINY
+
+    @_jit()
+    def common(hi, lo, rad, rounded, x_lo, x_hi, decided, rare):
+        # engine.sumprod._decide_float64's common case, its operations in its order, without
+        # branches (& on bools, selects), so that the loop is vectorised.  Returns how many
+        # elements are rare (the general code's) or loose (decided, but the enclosure may hold a
+        # float64), which general() completes.
+        count = 0
+        for i in range(hi.size):
+            h = hi[i]
+            lw = lo[i]
+            r = rad[i]
+            s = h + lw
+            e = (h - s) + lw  # exact where |hi| >= |lo|, required below
+            b = bits(s)
+            ulp_b = b & exp_bits  # |s| rounded down to a power of two, for a normal s
+            usual = (ulp_b >= low_bits) & (ulp_b <= high_bits) & ((b & mant_bits) != 0)
+            usable = (abs(h) >= abs(lw)) & usual
+            ulp = from_bits(ulp_b) * 2.0 ** -52
+            w_hi = e + r
+            w_lo = e - r
+            t = ulp * below_one
+            above = (w_lo > tiny) & (w_hi < t) & usable
+            below = (w_hi < -tiny) & (w_lo > -t) & usable
+            t = ulp * half_below
+            to_s = (w_hi < t) & (w_lo > -t) & usable
+            t = ulp * half_above
+            to_up = (w_lo > t) & above
+            to_down = (w_hi < -t) & below
+            d = to_s | to_up | to_down
+            rounded[i] = s + ulp if to_up else (s - ulp if to_down else s)
+            step = ulp if above else 0.0
+            x_lo[i] = s - (ulp - step)
+            x_hi[i] = s + step
+            decided[i] = d
+            odd = (~usual) | (d & ~(above | below))
+            rare[i] = odd
+            count += odd
+        return count
+
+    @_jit()
+    def general(hi, lo, rad, rounded, x_lo, x_hi, decided, rare):
+        for i in np.flatnonzero(rare):
+            h = hi[i]
+            lw = lo[i]
+            r = rad[i]
+            s = h + lw
+            e = (h - s) + lw
+            b = bits(s)
+            ulp_b = b & exp_bits
+            if (ulp_b >= low_bits) & (ulp_b <= high_bits) & ((b & mant_bits) != 0):
+                # Loose in the common case: the enclosure's own bounds, tight=True.
+                x_lo[i] = np.nextafter(h + np.nextafter(lw - r, -inf), -inf)
+                x_hi[i] = np.nextafter(h + np.nextafter(lw + r, inf), inf)
+                continue
+            # engine.sumprod._decide_float64_general, the definition, with nextafter.
+            s_up = np.nextafter(s, inf)
+            s_down = np.nextafter(s, -inf)
+            gap_up = s_up - s
+            gap_down = s - s_down
+            upper = np.nextafter(e + r, inf)
+            lower = np.nextafter(e - r, -inf)
+            usable = (abs(h) >= abs(lw)) & (abs(s) < f64_max) & (abs(s) >= 2.0 ** -1021)
+            above = usable & (lower > 0) & (upper < gap_up)
+            below = usable & (upper < 0) & (lower > -gap_down)
+            to_s = usable & (upper < gap_up / 2) & (lower > -gap_down / 2)
+            to_up = above & (lower > gap_up / 2)
+            to_down = below & (upper < -gap_down / 2)
+            rounded[i] = s_up if to_up else (s_down if to_down else s)
+            # A nonzero s: an enclosure touching zero is never decided (the sign of zero matters).
+            d = (to_s | to_up | to_down) & (s != 0)
+            decided[i] = d
+            if d and not (above or below):
+                x_lo[i] = np.nextafter(h + np.nextafter(lw - r, -inf), -inf)
+                x_hi[i] = np.nextafter(h + np.nextafter(lw + r, inf), inf)
+            else:
+                x_lo[i] = s if above else s_down
+                x_hi[i] = s_up if above else s
+
+    def loop(hi, lo, rad, rounded, x_lo, x_hi, decided):
+        rare = np.empty(hi.size, dtype=np.bool_)
+        if common(hi, lo, rad, rounded, x_lo, x_hi, decided, rare):
+            general(hi, lo, rad, rounded, x_lo, x_hi, decided, rare)
+
+    return loop
+
+
+def decide_float64(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """``engine.sumprod._decide_float64(hi, lo, rad)`` by one compiled loop: the same decisions, and
+    the same values where decided; None where it does not apply (numba missing, a small block,
+    arrays not C-contiguous float64 of one shape)."""
+    arrays = (hi, lo, rad)
+    if not _plain(*arrays):
+        return None
+    outs = (np.empty(hi.shape), np.empty(hi.shape), np.empty(hi.shape), np.empty(hi.shape, dtype=bool))
+    _decide_float64_loop()(*(a.reshape(-1) for a in arrays), *(o.reshape(-1) for o in outs))
+    return outs
+
+
+@functools.lru_cache(maxsize=1)
+def _scaled_bound_loop() -> Callable[..., None]:
+    from .engine.fast import _UP_ABS, _UP_REL
+
+    @_jit()
+    def loop(S, g, add, factor, limit, E, over):
+        for i in range(S.size):
+            s = S[i]
+            # (Adding a zero changes at most -0 into +0, which up() makes the same.)
+            E[i] = (g * s + add) * _UP_REL + _UP_ABS
+            over[i] = s * factor >= limit
+
+    return loop
+
+
+def scaled_bound(S: np.ndarray, g: float, add: float, factor: float,
+                 limit: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(up(g S + add), S * factor >= limit)`` elementwise, by one compiled loop: the bound of
+    models._bounds.dot_error and the marks of overflow_possible; None where it does not apply
+    (numba missing, a small or non-contiguous S)."""
+    if not _plain(S):
+        return None
+    E, over = np.empty(S.shape), np.empty(S.shape, dtype=bool)
+    _scaled_bound_loop()(S.reshape(-1), float(g), float(add), float(factor), float(limit),
+                         E.reshape(-1), over.reshape(-1))
+    return E, over
+
+
+@functools.lru_cache(maxsize=1)
+def _widen_float32_loop() -> Callable[..., None]:
+    from .engine.fast import _UP_ABS, _UP_REL
+
+    @_jit()
+    def loop(S32, scale, add, g, S, rad):
+        for i in range(S32.size):
+            s = (np.float64(S32[i]) * scale + add) * _UP_REL + _UP_ABS
+            S[i] = s
+            rad[i] = (g * s) * _UP_REL + _UP_ABS
+
+    return loop
+
+
+def widen_float32(S32: np.ndarray, scale: float, add: float, g: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """``S = up(S32 * scale + add)`` in float64 (S32 a float32 product of |A| and |B|) and
+    ``up(g * S)``, by one compiled loop: engine.products' bound on |A| @ |B| and a narrow
+    product's radius; None where it does not apply (numba missing, a small or non-contiguous S32)."""
+    if (type(S32) is not np.ndarray or S32.size < MIN_SIZE or S32.dtype != np.float32 or not S32.flags.c_contiguous
+            or not available()):
+        return None
+    S, rad = np.empty(S32.shape), np.empty(S32.shape)
+    _widen_float32_loop()(S32.reshape(-1), float(scale), float(add), float(g), S.reshape(-1), rad.reshape(-1))
+    return S, rad

@@ -1,0 +1,225 @@
+"""exactref/_fused.py: each compiled loop against the numpy code it stands for, bit for bit.
+
+The numpy code is the definition (its own tests hold it to Fractions and
+Arb); here each loop gets values chosen where the two could part: NaN, both
+infinities, both zeros, subnormals, values past float32's range and at its
+ties, tolerances of 0, -0, NaN and inf.  Then whole ops, with the loops and
+without them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import exactref as er
+from exactref import _fused
+from exactref.engine import sumprod
+from exactref.formats import FORMATS
+from exactref.models import _bounds
+from exactref.ops._common import _PART_DTYPES, _slackened
+from exactref.result import judge
+
+F32, F64 = FORMATS["float32"], FORMATS["float64"]
+N = 2 * _fused.MIN_SIZE + 3  # an odd size, above the loops' threshold
+
+numba = pytest.importorskip("numba", reason="numba (exactref[fast]) is not installed: the loops are not used")
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).view(np.uint64 if x.dtype == np.float64 else np.uint8)
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    got, want = np.asarray(got), np.asarray(want)
+    return got.shape == want.shape and got.dtype == want.dtype and np.array_equal(_bits(got), _bits(want))
+
+
+def _values(rng: np.random.Generator, n: int) -> np.ndarray:
+    """float64 values where float32 and float64 roundings, and their special cases, part ways."""
+    f32 = np.finfo(np.float32)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, -5e-324, 2.0 ** -1022, 1e-300,
+                        float(f32.max), -float(f32.max), float(f32.max) * (1 + 2.0 ** -25), 3.5e38, 1e308,
+                        np.finfo(np.float64).max, float(f32.smallest_subnormal), 2.0 ** -150, 1.0, -1.0])
+    ties = (rng.integers(1, 2 ** 24, n) + 0.5) * 2.0 ** rng.integers(-160, 100, n)  # float32 midpoints
+    kinds = [rng.standard_normal(n) * 2.0 ** rng.integers(-60, 60, n), ties, rng.choice(special, n),
+             np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf)]
+    pick = rng.integers(0, len(kinds), n)
+    return np.choose(pick, kinds) * rng.choice([1.0, -1.0], n)
+
+
+def _tolerances(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
+    E = np.abs(x) * 2.0 ** rng.integers(-60, 0, x.size)
+    odd = rng.random(x.size) < 0.1
+    E[odd] = rng.choice([0.0, -0.0, np.nan, np.inf, 5e-324, 1e300, -1.0], int(odd.sum()))
+    return E
+
+
+def test_the_loops_are_compiled_without_contracting_a_product_and_a_sum() -> None:
+    # a * b rounds to 1 here, so a * b + c is 0; a fused multiply-add would give -2**-60.
+    @_fused._jit()
+    def loop(a, b, c, out):
+        for i in range(a.size):
+            out[i] = a[i] * b[i] + c[i]
+    a, b, c = np.full(64, 1 + 2.0 ** -30), np.full(64, 1 - 2.0 ** -30), np.full(64, -1.0)
+    out = np.empty(64)
+    loop(a, b, c, out)
+    assert np.array_equal(out, a * b + c) and (out == 0).all()
+
+
+@pytest.mark.parametrize("fmt", [F32, F64], ids=["float32", "float64"])
+@pytest.mark.parametrize("marks", [False, True])
+def test_judge_into_writes_what_judge_returns(fmt, marks) -> None:
+    rng = np.random.default_rng(7 + marks)
+    x = _values(rng, N)
+    with np.errstate(all="ignore"):
+        width = np.abs(x) * 2.0 ** rng.integers(-60, 0, N)
+        x_lo, x_hi = x - width, x + width
+        x_lo[rng.random(N) < 0.05] = np.nan  # (a special answer's bounds are NaN)
+        rounded = np.asarray(x.astype(np.float32), dtype=np.float64) if fmt is F32 else x
+    E = _tolerances(rng, x)
+    overflow = (rng.random(N) < 0.2) if marks else None
+    with np.errstate(all="ignore"):
+        want = judge(rounded, x_lo, x_hi, _slackened(E), fmt, overflow=overflow)
+        out = {name: np.full(N + 10, 7, dtype=dtype) for name, dtype in _PART_DTYPES.items()}
+        before = {name: a.copy() for name, a in out.items()}
+        assert _fused.judge_into(fmt, E, x_lo, x_hi, rounded, overflow, out, slice(5, 5 + N))
+    for name in _PART_DTYPES:
+        assert _same(out[name][5:5 + N], getattr(want, name)), name
+        outside = np.r_[0:5, 5 + N:N + 10]
+        assert _same(out[name][outside], before[name][outside]), name  # only its place is written
+
+
+def test_decide_float32_is_the_numpy_decision() -> None:
+    rng = np.random.default_rng(3)
+    hi = _values(rng, N)
+    rad = np.abs(hi) * 2.0 ** rng.integers(-70, -20, N)
+    rad[rng.random(N) < 0.05] = rng.choice([0.0, np.inf, np.nan, 5e-324], int((rng.random(N) < 0.05).sum()) or 1)[0]
+    with np.errstate(all="ignore"):
+        x_lo, x_hi = sumprod._bounds_lo_zero(hi, rad)
+        rounded, decided = sumprod._decide_narrow(x_lo, x_hi, F32)
+    got = _fused.decide_float32(hi, rad)
+    assert decided.any() and not decided.all()
+    for g, w in zip(got, (rounded, x_lo, x_hi, decided)):
+        assert _same(g, w)
+
+
+@pytest.mark.parametrize("kind", ["ordinary", "powers of two", "ties"])
+def test_decide_float64_makes_the_decisions_of_its_definition(kind) -> None:
+    # As tests/exactref/test_engine_speedups.py holds the numpy code to the same definition: the
+    # decisions everywhere, and the values where decided (elsewhere the exact path overwrites them).
+    rng = np.random.default_rng(["ordinary", "powers of two", "ties"].index(kind))
+    if kind == "ordinary":
+        hi = rng.standard_normal(N) * 2.0 ** rng.integers(-1000, 1000, N)
+    elif kind == "powers of two":
+        hi = np.ldexp(rng.choice([-1.0, 1.0], N), rng.integers(-1074, 1024, N))
+        hi[: N // 8] = rng.choice([np.nan, np.inf, -np.inf, 0.0, -0.0, np.finfo(np.float64).max], N // 8)
+    else:
+        hi = np.round(rng.standard_normal(N) * 8) / 8
+    with np.errstate(all="ignore"):
+        ulp = np.spacing(np.abs(hi))
+        lo = ulp * rng.choice([0.0, 0.5, -0.5, 0.25, -0.25, 0.5 * (1 - 2.0 ** -53), -0.5 * (1 - 2.0 ** -53), 2.0], N)
+        # (A half-ulp lo and a radius one unit below a half ulp put the far end exactly one unit below
+        # the next float64, the near one just past s.)
+        rad = ulp * rng.choice([0.0, 2.0 ** -30, 0.1, 0.25, 0.49, 0.5, 0.5 * (1 - 2.0 ** -52), 0.51, 1.0], N)
+    odd = rng.random(N) < 0.03
+    rad[odd] = rng.choice([np.inf, np.nan, 0.0], int(odd.sum()))
+    with np.errstate(all="ignore"):
+        ref = sumprod._decide_float64_general(hi, lo, rad)
+        fast = sumprod._decide_float64(hi, lo, rad)
+    got = _fused.decide_float64(hi, lo, rad)
+    decided = ref[3]
+    assert decided.any() and not decided.all()
+    assert _same(got[3], decided) and _same(fast[3], decided)
+    for g, w in zip(got[:3], ref[:3]):
+        assert _same(g[decided], w[decided])
+
+
+@pytest.mark.parametrize("underflow", [False, True])
+def test_scaled_bound_is_dot_error_and_overflow_possible(underflow) -> None:
+    rng = np.random.default_rng(11)
+    S = np.abs(_values(rng, N))
+    for acc, out, depth in ((F32, F32, 1023), (F64, F64, 511), (F32, FORMATS["float16"], 4096)):
+        with np.errstate(all="ignore"):
+            want = (_bounds.dot_error(S, depth=depth, acc=acc, out=out, terms=depth, underflow=underflow),
+                    _bounds.overflow_possible(S, acc, depth))
+            got = _bounds.dot_error_and_overflow(S, depth=depth, acc=acc, out=out, terms=depth,
+                                                 underflow=underflow, overflow_depth=depth)
+        assert _same(got[0], want[0]) and _same(got[1], want[1])
+        assert want[1].any() and not want[1].all()
+
+
+def test_widen_float32_is_the_bound_and_radius_of_a_narrow_product() -> None:
+    from exactref.engine import products
+
+    rng = np.random.default_rng(13)
+    with np.errstate(all="ignore"):
+        S32 = np.abs(_values(rng, N)).astype(np.float32).reshape(1, N)
+        right = products.Right(np.ones((1000, 3)), narrow=True)  # K = 1000, whose scale and addend count
+        g = 999 * 2.0 ** -53 / (1 - 999 * 2.0 ** -53)
+        S = right._widen(S32)
+        want = (S, g * S * (1 + 2.0 ** -50) + 2.0 ** -1070)
+    got = _fused.widen_float32(S32, *right._widening(), g)
+    assert _same(got[0], want[0]) and _same(got[1], want[1])
+    assert np.isinf(S32).any() and (S32 == 0).any()
+
+
+def test_formats_the_loops_take() -> None:
+    assert _fused.judges(F32) and _fused.judges(F64) and _fused.decides(F32)
+    for name in ("float16", "bfloat16", "float8_e4m3fn", "tf32"):
+        if name in FORMATS:
+            assert not _fused.judges(FORMATS[name]) and not _fused.decides(FORMATS[name]), name
+    assert not _fused.decides(F64)  # (float64 decisions take decide_float64)
+
+
+def _fields(res: er.Result) -> list[np.ndarray]:
+    return [np.asarray(getattr(p, name)).copy() for p in res._parts for name in _PART_DTYPES]
+
+
+@pytest.mark.parametrize(("shapes", "dtype"), [
+    (((512, 512), (512, 512)), "float32"),  # judged block by block as it is solved
+    (((3, 200, 96), (96, 300)), "float32"),
+    (((600, 300), (300, 500)), "float64"),  # judged after solving
+])
+def test_an_op_gives_the_same_result_with_the_loops_and_without(monkeypatch, shapes, dtype) -> None:
+    rng = np.random.default_rng(5)
+    A, B = (er.asarray(rng.standard_normal(s) * 2.0 ** rng.integers(-20, 20, s), dtype) for s in shapes)
+    G = er.asarray(rng.standard_normal(np.broadcast_shapes(A.shape[:-1], (1,))[:-1] + (A.shape[-2], B.shape[-1])),
+                   dtype)
+    calls = []
+    judge_into = _fused.judge_into
+    monkeypatch.setattr(_fused, "judge_into", lambda *a: calls.append(1) or judge_into(*a))
+
+    def run() -> list[np.ndarray]:
+        res = er.matmul(A, B)
+        grads = res.backward(G)
+        return _fields(res) + _fields(grads["grad_A"]) + _fields(grads["grad_B"])
+    fused = run()
+    assert calls  # the loops judged it
+    monkeypatch.setattr(_fused, "available", lambda: False)
+    plain = run()
+    assert len(fused) == len(plain)
+    for g, w in zip(fused, plain):
+        assert _same(g, w)
+
+
+def test_a_small_block_never_asks_for_numba(monkeypatch) -> None:
+    def unavailable() -> bool:
+        raise AssertionError("numba asked for on a small block")
+    monkeypatch.setattr(_fused, "available", unavailable)
+    small = np.ones(_fused.MIN_SIZE - 1)
+    assert _fused.decide_float64(small, small, small) is None
+    assert _fused.decide_float32(small, small) is None
+    assert _fused.scaled_bound(small, 1.0, 0.0, 1.0, 1.0) is None
+    res = er.matmul(er.asarray(np.ones((8, 8)), "float32"), er.asarray(np.ones((8, 8)), "float32"))
+    assert (res.rounded == 8).all()
+
+
+def test_without_numba_the_numpy_code_runs(monkeypatch) -> None:
+    monkeypatch.setattr(_fused, "available", lambda: False)
+    big = np.ones(N)
+    assert _fused.decide_float64(big, big, big) is None
+    assert not _fused.judge_into(F32, big, big, big, big, None, {}, slice(None))
+    rng = np.random.default_rng(1)
+    A, B = (er.asarray(rng.standard_normal((300, 300)), "float32") for _ in range(2))
+    assert er.matmul(A, B).covers((A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32)).all()
