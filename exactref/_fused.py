@@ -1,26 +1,33 @@
-"""Fused loops: several elementwise steps of a judgement in one pass over memory, compiled by numba.
+"""Compiled loops: several elementwise steps of a judgement in one pass over memory, by numba.
 
 Why: numpy makes one pass over memory per operation, and writes each result
-to a fresh temporary.  Judging a float32 output is about thirty such passes
-per element (the tolerance's slack, both ends of the acceptance interval with
-their own slack, their roundings to float32, the tolerance, the copies into
-the Result's arrays): on 2 cores that was about an eighth of a float32
-1024**3 matmul, as much as all its work besides the two BLAS products.  One
-compiled loop does the same operations on each element while it is in a
+to a new array.  Once a matmul's BLAS products are made, the rest is mostly
+such passes, a few dozen per output element: the bounds on the exact value
+and whether they round alike (engine.sumprod), the bound on |A| |B| widened
+from its float32 product and the enclosure's radius (engine.products), the
+tolerance and its overflow marks (models._bounds), the acceptance interval,
+the tolerance's slack and the copies into the result's arrays
+(ops._common, result.judge).  On 2 cores they were a sixth of a float32
+1024**3 matmul, and a third of the work of a float64 512**3 one besides its
+products.  A compiled loop makes each element's steps while it is in a
 register, and writes each output once.
 
-The loops are the numpy code's operations in the same order, in IEEE
+The loops make the numpy code's operations in the same order, in IEEE
 double precision: numba compiles them with LLVM without fast-math, so
 nothing is reassociated or contracted into a fused multiply-add, and the
 values are those of the numpy code bit for bit (tests/exactref/test_fused.py
-compares them on NaN, infinities, zeros, subnormals and values past
-float32's range).  Each loop releases the GIL, so the blocks of a large
+compares them on NaN, infinities, zeros, subnormals, values past float32's
+range and at its rounding ties).  Where the numpy code takes nextafter, a
+loop adds one to the bits, as exactref.rounding does, and leaves the
+elements where that does not hold (infinities and NaN) to a second loop that
+calls nextafter.  Each loop releases the GIL, so the blocks of a large
 output run side by side (exactref/_parallel.py).
 
-numba is optional: without it (:func:`available` is False), or for a small
-block, where the call's fixed cost would count, the numpy code runs.  A loop
-is compiled on its first call (about a second), and the compiled code is
-cached on disk for later processes.
+numba is optional (exactref[fast]): without it (:func:`available` is
+False), or for a block of fewer than MIN_SIZE elements, where a call's fixed
+cost would count, the numpy code runs, so a small op never loads numba.
+The first large op of a process loads numba and the loops, about a second;
+the machine code is kept on disk (numba's cache) for later processes.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "decide_float32", "decide_float64", "decides", "judge_into", "judges", "scaled_bound",
-           "widen_float32"]
+__all__ = ["available", "decide_float32", "decide_float64", "decides", "judge_into", "judges", "quick_cut",
+           "scaled_bound", "usable", "widen_float32"]
 
 # Elements below which a block is judged by the numpy code: the loop's call costs a few
 # microseconds, as much as numpy's calls on about this many elements.
@@ -68,6 +75,29 @@ def _plain(*arrays: Any) -> bool:
                for a in arrays)
 
 
+def _judge_constants() -> tuple[float, float, float]:
+    """The judgement's slacks: ops._common's on the tolerance, rounding's below() and above()'s
+    relative and absolute ones.  (Arguments, not constants of the loops: the machine code kept on
+    disk is made again when this file changes, not when those modules do.)"""
+    from .ops._common import _SLACK
+    from .rounding import _ABS, _REL
+
+    return _SLACK, _REL, _ABS
+
+
+def _up_constants() -> tuple[float, float]:
+    """engine.fast.up()'s factor and addend (arguments of the loops, as above)."""
+    from .engine.fast import _UP_ABS, _UP_REL
+
+    return _UP_REL, _UP_ABS
+
+
+def usable(size: int) -> bool:
+    """Whether an output block of ``size`` elements takes the loops (numba is present, and the block
+    large enough)."""
+    return size >= MIN_SIZE and available()
+
+
 def _jit() -> Callable[[Callable[..., Any]], Any]:
     """numba's compiler as the loops use it: IEEE arithmetic (no fast-math: nothing reassociated or
     contracted into a fused multiply-add), the GIL released, bounds unchecked (every index is the
@@ -81,24 +111,20 @@ def _jit() -> Callable[[Callable[..., Any]], Any]:
 def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., None]]:
     """The loops of :func:`judge_into`: float32's, float64's (both returning how many elements the
     general one must redo) and the general one, for the elements a bit trick does not cover."""
-    # exactref.rounding's slack of below() and above(), and exactref.ops._common's tolerance slack.
-    from .ops._common import _SLACK
-    from .rounding import _ABS, _REL
-
     bits, from_bits = _bitcasts()
     inf = np.inf
     big = float(np.finfo(np.float64).max)
     jit = _jit()
 
     @jit
-    def slackened(e):
+    def slackened(e, c):
         # ops._common._slackened: E where E <= 0, else fmin(E * _SLACK, inf) (NaN becomes inf).
-        es = e * _SLACK
+        es = e * c[0]
         es = inf if es != es else es
         return e if e <= 0 else es
 
     @jit
-    def finish(i, e, low, high, xl, xh, r, special, lo, hi, tol, out_r, out_xlo, out_xhi, out_nan, out_special):
+    def finish(c, i, e, low, high, xl, xh, r, special, lo, hi, tol, out_r, out_xlo, out_xhi, out_nan, out_special):
         # The rest of result.judge: an exact answer where E is 0; the tolerance
         # np.maximum(x_hi - lo, hi - x_lo) (NaN if either is), with its slack where positive, else 0;
         # inf where the model marks an overflow; the Part's fields.
@@ -108,7 +134,7 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
         a = xh - low
         b = high - xl
         t = a if (a >= b) | (a != a) else b  # (b where b is NaN: a >= NaN is false)
-        t = t + (t * _REL + _ABS) if t > 0 else 0.0
+        t = t + (t * c[1] + c[2]) if t > 0 else 0.0
         sp = special[i]
         lo[i] = low
         hi[i] = high
@@ -120,25 +146,25 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
         out_special[i] = sp
 
     @jit
-    def float32(E, x_lo, x_hi, rounded, special, rare, *outs):
+    def float32(c, E, x_lo, x_hi, rounded, special, rare, *outs):
         for i in range(E.size):
-            e = slackened(E[i])
+            e = slackened(E[i], c)
             xl = x_lo[i]
             xh = x_hi[i]
             # result._ends: below(x_lo - E, E) and above(x_hi + E, E), rounded to float32.
             la = xl - e
             ha = xh + e
-            la = la - ((abs(la) + e) * _REL + _ABS)
-            ha = ha + ((abs(ha) + e) * _REL + _ABS)
-            finish(i, e, np.float64(np.float32(la)), np.float64(np.float32(ha)), xl, xh, rounded[i], special,
+            la = la - ((abs(la) + e) * c[1] + c[2])
+            ha = ha + ((abs(ha) + e) * c[1] + c[2])
+            finish(c, i, e, np.float64(np.float32(la)), np.float64(np.float32(ha)), xl, xh, rounded[i], special,
                    *outs)
         return 0
 
     @jit
-    def float64(E, x_lo, x_hi, rounded, special, rare, *outs):
+    def float64(c, E, x_lo, x_hi, rounded, special, rare, *outs):
         count = 0
         for i in range(E.size):
-            e = slackened(E[i])
+            e = slackened(E[i], c)
             xl = x_lo[i]
             xh = x_hi[i]
             # next_down(x_lo - E) and next_up(x_hi + E) from the bits, as rounding._step does: -0 and +0
@@ -152,16 +178,16 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
             odd = (~(abs(la) <= big)) | (~(abs(ha) <= big))  # inf or NaN: the general loop's
             rare[i] = odd
             count += odd
-            finish(i, e, low, high, xl, xh, rounded[i], special, *outs)
+            finish(c, i, e, low, high, xl, xh, rounded[i], special, *outs)
         return count
 
     @jit
-    def general(E, x_lo, x_hi, rounded, special, rare, *outs):
+    def general(c, E, x_lo, x_hi, rounded, special, rare, *outs):
         for i in np.flatnonzero(rare):
-            e = slackened(E[i])
+            e = slackened(E[i], c)
             xl = x_lo[i]
             xh = x_hi[i]
-            finish(i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i], special, *outs)
+            finish(c, i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i], special, *outs)
 
     return float32, float64, general
 
@@ -209,25 +235,24 @@ def judge_into(fmt: Any, E: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, roun
             ("lo", "hi", "tolerance", "rounded", "x_lo", "x_hi", "nan_ok", "special_ok")]
     float32, float64, general = _judge_loops()
     rare = np.empty(rounded.size, dtype=bool)
-    if (float64 if _is_float64(fmt) else float32)(*flat, rare, *outs):
-        general(*flat, rare, *outs)
+    c = _judge_constants()
+    if (float64 if _is_float64(fmt) else float32)(c, *flat, rare, *outs):
+        general(c, *flat, rare, *outs)
     return True
 
 
 @functools.lru_cache(maxsize=1)
 def _decide_float32_loop() -> Callable[..., None]:
-    from .rounding import _ABS, _REL
-
     @_jit()
-    def loop(hi, rad, rounded, x_lo, x_hi, decided):
+    def loop(c, hi, rad, rounded, x_lo, x_hi, decided):
         for i in range(hi.size):
             h = hi[i]
             r = rad[i]
             # engine.sumprod._bounds_lo_zero: hi -+ rad, each moved out by its slack.
             low = h - r
             high = h + r
-            low = low - ((abs(low) + r) * _REL + _ABS)
-            high = high + ((abs(high) + r) * _REL + _ABS)
+            low = low - ((abs(low) + r) * c[0] + c[1])
+            high = high + ((abs(high) + r) * c[0] + c[1])
             # engine.sumprod._decide_narrow: both ends cast to float32 alike (equal bits: equal
             # values, as -0 and +0 are only where the sign test fails), and of one sign.
             r_low = np.float32(low)
@@ -247,7 +272,7 @@ def decide_float32(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, ...] | 
     if not _plain(hi, rad):
         return None
     outs = (np.empty(hi.shape), np.empty(hi.shape), np.empty(hi.shape), np.empty(hi.shape, dtype=bool))
-    _decide_float32_loop()(hi.reshape(-1), rad.reshape(-1), *(o.reshape(-1) for o in outs))
+    _decide_float32_loop()(_judge_constants()[1:], hi.reshape(-1), rad.reshape(-1), *(o.reshape(-1) for o in outs))
     return outs
 
 
@@ -275,6 +300,9 @@ def _bitcasts() -> tuple[Callable[..., Any], Callable[..., Any]]:
 
 @functools.lru_cache(maxsize=1)
 def _decide_float64_loop() -> Callable[..., None]:
+    """The loop of :func:`decide_float64`: a vectorised pass for the common case, then the general
+    code for the few elements outside it.  Its constants are facts of the float64 format (the
+    exponent's bits, the neighbours of powers of two), fixed in the machine code."""
     from .engine import sumprod as sp
 
     bits, from_bits = _bitcasts()
@@ -383,14 +411,12 @@ def decide_float64(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray) -> tuple[np.
 
 @functools.lru_cache(maxsize=1)
 def _scaled_bound_loop() -> Callable[..., None]:
-    from .engine.fast import _UP_ABS, _UP_REL
-
     @_jit()
-    def loop(S, g, add, factor, limit, E, over):
+    def loop(c, S, g, add, factor, limit, E, over):
         for i in range(S.size):
             s = S[i]
             # (Adding a zero changes at most -0 into +0, which up() makes the same.)
-            E[i] = (g * s + add) * _UP_REL + _UP_ABS
+            E[i] = (g * s + add) * c[0] + c[1]
             over[i] = s * factor >= limit
 
     return loop
@@ -404,21 +430,19 @@ def scaled_bound(S: np.ndarray, g: float, add: float, factor: float,
     if not _plain(S):
         return None
     E, over = np.empty(S.shape), np.empty(S.shape, dtype=bool)
-    _scaled_bound_loop()(S.reshape(-1), float(g), float(add), float(factor), float(limit),
+    _scaled_bound_loop()(_up_constants(), S.reshape(-1), float(g), float(add), float(factor), float(limit),
                          E.reshape(-1), over.reshape(-1))
     return E, over
 
 
 @functools.lru_cache(maxsize=1)
 def _widen_float32_loop() -> Callable[..., None]:
-    from .engine.fast import _UP_ABS, _UP_REL
-
     @_jit()
-    def loop(S32, scale, add, g, S, rad):
+    def loop(c, S32, scale, add, g, S, rad):
         for i in range(S32.size):
-            s = (np.float64(S32[i]) * scale + add) * _UP_REL + _UP_ABS
+            s = (np.float64(S32[i]) * scale + add) * c[0] + c[1]
             S[i] = s
-            rad[i] = (g * s) * _UP_REL + _UP_ABS
+            rad[i] = (g * s) * c[0] + c[1]
 
     return loop
 
@@ -431,5 +455,68 @@ def widen_float32(S32: np.ndarray, scale: float, add: float, g: float) -> tuple[
             or not available()):
         return None
     S, rad = np.empty(S32.shape), np.empty(S32.shape)
-    _widen_float32_loop()(S32.reshape(-1), float(scale), float(add), float(g), S.reshape(-1), rad.reshape(-1))
+    _widen_float32_loop()(_up_constants(), S32.reshape(-1), float(scale), float(add), float(g), S.reshape(-1), rad.reshape(-1))
     return S, rad
+
+
+@functools.lru_cache(maxsize=1)
+def _quick_cut_loop() -> Callable[..., int]:
+    """The loop of :func:`quick_cut`."""
+    inf = np.inf
+    big = float(np.finfo(np.float64).max)
+
+    @_jit()
+    def loop(c, P0, P1, rest1, rest2, R0, S, lowA, lowB, hi, lo, rad):
+        # engine.products.Right._sliced after its products, with one two-sum (the quick cut):
+        # hi + e = P0 + P1 exactly; lo = e + rest; rad from the rank-one bound R0 and |lo|; an
+        # element whose slices' unit underflows, or whose values are not finite, gets 0, 0, inf.
+        # rest is rest1 (or +0 where that product was not made) plus rest2 where it was made.
+        up_rel, up_abs, g, u, tail, has1, has2 = c
+        rows, cols = P0.shape
+        bad = 0
+        for i in range(rows):
+            la = lowA[i]
+            for j in range(cols):
+                a = P0[i, j]
+                b = P1[i, j]
+                s = a + b  # engine.fast._two_sum_into
+                bb = s - a
+                e = (a - (s - bb)) + (b - bb)
+                r = rest1[i, j] if has1 else 0.0
+                if has2:
+                    r = r + rest2[i, j]
+                t = e + r
+                R = (R0[i, j] * up_rel + up_abs) * up_rel + up_abs
+                w = (R * g + abs(t) * u + tail) * up_rel + up_abs
+                ok = ((la + lowB[j]) >= -1074 + 53) & (abs(s) <= big) & (abs(t) <= big) & (abs(S[i, j]) <= big)
+                ok = ok & (w < inf)
+                hi[i, j] = s if ok else 0.0
+                lo[i, j] = t if ok else 0.0
+                rad[i, j] = w if ok else inf
+                bad += ~ok
+        return bad
+
+    return loop
+
+
+def quick_cut(P0: np.ndarray, P1: np.ndarray, rest1: np.ndarray | None, rest2: np.ndarray | None,
+              R0: np.ndarray, S: np.ndarray, lowA: np.ndarray, lowB: np.ndarray, g: float, tail: float
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(hi, lo, rad) of engine.products.Right._sliced's quick cut from its products, by one compiled
+    loop, the values of its numpy code: P0 = A0 B0 and P1 = A1 B0 (exact), rest1 = (A0 + A1) RB and
+    rest2 = RA B (their float64 products, None where not made), R0 = cols @ rows (the rank-one
+    bounds before their two roundings up), S the bound on |A| |B|, lowA and lowB the slices'
+    lowest unit exponents, ``g`` = gamma_(K+3) and ``tail`` = 3 K 2**-1074.  None where it does
+    not apply (numba missing, a small block, or not 2-D C-contiguous float64 arrays)."""
+    has1, has2 = rest1 is not None, rest2 is not None
+    rest1, rest2 = (r if r is not None else P0 for r in (rest1, rest2))  # (not read)
+    if not (_plain(P0, P1, rest1, rest2, R0, S) and P0.ndim == 2 and lowA.shape == P0.shape[:1]
+            and lowB.shape == P0.shape[1:]):
+        return None
+    from .engine.fast import U64
+
+    hi, lo, rad = np.empty(P0.shape), np.empty(P0.shape), np.empty(P0.shape)
+    _quick_cut_loop()((*_up_constants(), float(g), U64, float(tail), has1, has2), P0, P1, rest1, rest2, R0, S,
+                      np.ascontiguousarray(lowA, dtype=np.int64), np.ascontiguousarray(lowB, dtype=np.int64),
+                      hi, lo, rad)
+    return hi, lo, rad

@@ -430,6 +430,35 @@ class Right:
         S, rad = self.bound_and_radius(A, g)
         return Enclosure(hi, np.zeros(hi.shape), rad, S, lo_zero=True)
 
+    def _fusable(self, A: np.ndarray, cut: _Slicing, S: np.ndarray | None, RA_rows: np.ndarray) -> bool:
+        """Whether _quick_fused makes this enclosure: a quick cut (one two-sum) of 2-D operands with S,
+        large enough for the compiled loop (exactref/_fused.py), and no element summed exactly from
+        pieces (whose errors the loop does not keep)."""
+        if not (len(cut.slices) == 1 and S is not None and A.ndim == 2 and self.B.ndim == 2
+                and _fused.usable(A.shape[0] * self.B.shape[1])):
+            return False
+        return not (self.pieces and (~RA_rows[:, None] & ~cut.RB_cols[None, :]).any())
+
+    def _quick_fused(self, A0: np.ndarray, A1: np.ndarray, RA: np.ndarray, RA_rows: np.ndarray,
+                     lowA: np.ndarray, cut: _Slicing, S: np.ndarray) -> Enclosure:
+        """_sliced's enclosure for a quick cut, its products made as there and the rest of its steps
+        by one compiled loop (exactref/_fused.py), with the same values."""
+        K = self.K
+        P0 = A0 @ cut.slices[0]
+        P1 = A1 @ cut.slices[0]
+        A0 += A1  # (exact: see _sliced)
+        del A1
+        rest1 = A0 @ cut.RB if cut.RB_any else None
+        rest2 = RA @ self.B if RA_rows.any() else None
+        g = 1 + 2 * gamma(K, U64)
+        cols = np.concatenate([up(np.sum(np.abs(A0), axis=-1, keepdims=True) * g),
+                               np.max(np.abs(RA), axis=-1, keepdims=True, initial=0.0)], axis=-1)
+        fused = _fused.quick_cut(P0, P1, rest1, rest2, cols @ cut.rows, S, lowA, cut.lowB, gamma(K + 3, U64),
+                                 3 * K * 2.0 ** -1074)
+        if fused is None:  # (never: _fusable said the loop applies)
+            raise RuntimeError("products: the quick cut's compiled loop declined its arrays")
+        return Enclosure(*fused, S)
+
     def _sliced(self, A: np.ndarray, cut: _Slicing | None, S: np.ndarray | None = None) -> Enclosure:
         K = self.K
         absA = np.abs(A) if K else None
@@ -443,6 +472,8 @@ class Right:
         (A0, A1), RA, lowA = _slices(A, -1, cut.beta_a, 2, absA)
         del absA
         RA_rows = np.any(RA != 0, axis=-1)  # the rows of A with a remainder
+        if self._fusable(A, cut, S, RA_rows):
+            return self._quick_fused(A0, A1, RA, RA_rows, lowA, cut, S)
         # The products' own arrays are reused (in place: the same operations).  Each two-sum
         # is exact, so hi plus the errors is (A0 + A1)(B0 [+ B1]) exactly.
         pairs = [(a, b) for a in (A0, A1) for b in cut.slices]

@@ -164,6 +164,56 @@ def test_widen_float32_is_the_bound_and_radius_of_a_narrow_product() -> None:
     assert np.isinf(S32).any() and (S32 == 0).any()
 
 
+@pytest.mark.parametrize("case", ["normal", "B in one slice", "A in two slices", "wide exponents",
+                                  "overflow", "float32 bound overflows", "short"])
+def test_the_quick_cut_loop_makes_the_enclosure_of_the_numpy_code(monkeypatch, case) -> None:
+    from exactref.engine import products
+
+    rng = np.random.default_rng(["normal", "B in one slice", "A in two slices", "wide exponents",
+                                 "overflow", "float32 bound overflows", "short"].index(case))
+    M, K, N = 96, (3 if case == "short" else 512), 80
+    A, B = rng.standard_normal((M, K)), rng.standard_normal((K, N))
+    if case == "B in one slice":  # values of a few bits: no (A0 + A1) RB product
+        B = np.round(B * 8) / 8
+    elif case == "A in two slices":  # values of a few bits: no remainder of A, no RA B product
+        A = np.round(A * 8) / 8
+    elif case == "wide exponents":  # rows whose slices' unit underflows, and huge ones
+        A *= 2.0 ** rng.integers(-60, 10, (M, K))
+        B *= 2.0 ** rng.integers(-40, 40, (K, N))
+        A[::3] *= 2.0 ** -1040
+        A[1::7] *= 2.0 ** 900
+    elif case == "overflow":
+        A[::5] *= 1e300
+        B[:, ::3] *= 1e10
+        # Where only the rank-one bound on the rest overflows: a row's sum meets a column's
+        # remainder (a value of 2**100 + 2**69, past B's slice of 30 bits), at other terms.
+        A[2], B[:, 2] = 0.0, 0.0
+        A[2, :2], B[1, 2] = (2.0 ** 956, 1.0), 2.0 ** 100 + 2.0 ** 69
+    elif case == "float32 bound overflows":  # S in float32 past its range, the values themselves small
+        A[1], B[:, 1] = 2.0 ** 60, np.resize([2.0 ** 60, -(2.0 ** 60)], K)
+    calls = []
+    quick_cut = _fused.quick_cut
+    monkeypatch.setattr(_fused, "quick_cut", lambda *a: calls.append(1) or quick_cut(*a))
+    # (Rows and columns without a remainder make exact pieces, which the loop leaves to the numpy
+    # code: the constructed ones of the overflow cases are asked for without.)
+    pieces = case not in ("overflow", "float32 bound overflows")
+    with np.errstate(all="ignore"):
+        got = products.Right(B, narrow=False, pieces=pieces, quick=True).times(A)
+        assert calls
+        monkeypatch.setattr(_fused, "available", lambda: False)
+        want = products.Right(B, narrow=False, pieces=pieces, quick=True).times(A)
+    for name in ("hi", "lo", "rad", "S"):
+        assert _same(getattr(got, name), getattr(want, name)), name
+    assert want.pieces is None
+    if case in ("wide exponents", "overflow"):
+        assert np.isinf(want.rad).any()
+    if case == "overflow":
+        assert want.S[2, 2] < np.inf and np.isinf(want.rad[2, 2]) and A[2] @ B[:, 2] != 0
+    if case == "float32 bound overflows":
+        assert np.isinf(want.S[1, 1]) and np.isinf(want.rad[1, 1])
+        assert np.isfinite(A[1] @ B[:, 1])
+
+
 def test_formats_the_loops_take() -> None:
     assert _fused.judges(F32) and _fused.judges(F64) and _fused.decides(F32)
     for name in ("float16", "bfloat16", "float8_e4m3fn", "tf32"):
