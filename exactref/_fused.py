@@ -7,10 +7,12 @@ and whether they round alike (engine.sumprod), the bound on |A| |B| widened
 from its float32 product and the enclosure's radius (engine.products), the
 tolerance and its overflow marks (models._bounds), the acceptance interval,
 the tolerance's slack and the copies into the result's arrays
-(ops._common, result.judge).  On 2 cores they were a sixth of a float32
-1024**3 matmul, and a third of the work of a float64 512**3 one besides its
-products.  A compiled loop makes each element's steps while it is in a
-register, and writes each output once.
+(ops._common, result.judge).  A compiled loop makes each element's steps
+while it is in a register, and writes each output once.  On 2 cores, each
+call right after torch's float64 matmul of the same size, medians of four
+rounds of 11 calls alternating in one process: a float32 matmul took 11.5
+against 13.8 ms at 512**3, 44.2 against 49.4 ms at 1024**3 and 325 against
+349 ms at 2048**3; a float64 one 23.8 against 25.9 ms at 512**3.
 
 The loops make the numpy code's operations in the same order, in IEEE
 double precision: numba compiles them with LLVM without fast-math, so
