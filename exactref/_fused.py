@@ -110,10 +110,24 @@ def _jit() -> Callable[[Callable[..., Any]], Any]:
 
 
 @functools.lru_cache(maxsize=1)
+def _outward() -> Callable[..., tuple[float, float]]:
+    """A jitted ``(below(lo - w, w), above(hi + w, w))`` of exactref.rounding: the ends of an
+    interval widened by w, each moved out by its slack ``(|end| + w) rel + absolute``."""
+    @_jit()
+    def outward(lo, hi, w, rel, absolute):
+        low = lo - w
+        high = hi + w
+        return low - ((abs(low) + w) * rel + absolute), high + ((abs(high) + w) * rel + absolute)
+
+    return outward
+
+
+@functools.lru_cache(maxsize=1)
 def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., None]]:
     """The loops of :func:`judge_into`: float32's, float64's (both returning how many elements the
     general one must redo) and the general one, for the elements a bit trick does not cover."""
     bits, from_bits = _bitcasts()
+    outward = _outward()
     inf = np.inf
     big = float(np.finfo(np.float64).max)
     jit = _jit()
@@ -154,10 +168,7 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
             xl = x_lo[i]
             xh = x_hi[i]
             # result._ends: below(x_lo - E, E) and above(x_hi + E, E), rounded to float32.
-            la = xl - e
-            ha = xh + e
-            la = la - ((abs(la) + e) * c[1] + c[2])
-            ha = ha + ((abs(ha) + e) * c[1] + c[2])
+            la, ha = outward(xl, xh, e, c[1], c[2])
             finish(c, i, e, np.float64(np.float32(la)), np.float64(np.float32(ha)), xl, xh, rounded[i], special,
                    *outs)
         return 0
@@ -245,16 +256,14 @@ def judge_into(fmt: Any, E: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, roun
 
 @functools.lru_cache(maxsize=1)
 def _decide_float32_loop() -> Callable[..., None]:
+    outward = _outward()
+
     @_jit()
     def loop(c, hi, rad, rounded, x_lo, x_hi, decided):
         for i in range(hi.size):
             h = hi[i]
-            r = rad[i]
             # engine.sumprod._bounds_lo_zero: hi -+ rad, each moved out by its slack.
-            low = h - r
-            high = h + r
-            low = low - ((abs(low) + r) * c[0] + c[1])
-            high = high + ((abs(high) + r) * c[0] + c[1])
+            low, high = outward(h, h, rad[i], c[0], c[1])
             # engine.sumprod._decide_narrow: both ends cast to float32 alike (equal bits: equal
             # values, as -0 and +0 are only where the sign test fails), and of one sign.
             r_low = np.float32(low)
