@@ -114,6 +114,15 @@ def _transposed(B: np.ndarray) -> np.ndarray:
 _TRANSPOSE_BAND = 32
 
 
+def _rank_one_cols(A01: np.ndarray, RA: np.ndarray, K: int) -> np.ndarray:
+    """The columns of the rank-one bounds on a sliced product's rest: per row, sum |A0 + A1| (rounded
+    up for its float64 sum of K terms) and max |RA|; times the rows (max |RB|, sum |B|) of
+    _Slicing, they bound sum |A0 + A1| |RB| and sum |RA| |B|."""
+    g = 1 + 2 * gamma(K, U64)
+    return np.concatenate([up(np.sum(np.abs(A01), axis=-1, keepdims=True) * g),
+                           np.max(np.abs(RA), axis=-1, keepdims=True, initial=0.0)], axis=-1)
+
+
 def _abs_product_bound(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """An upper bound on ``|A| @ |B|`` (see :meth:`Right.abs_bound`)."""
     return Right(B, narrow=True).abs_bound(A)
@@ -435,7 +444,7 @@ class Right:
         large enough for the compiled loop (exactref/_fused.py), and no element summed exactly from
         pieces (whose errors the loop does not keep)."""
         if not (len(cut.slices) == 1 and S is not None and A.ndim == 2 and self.B.ndim == 2
-                and _fused.usable(A.shape[0] * self.B.shape[1])):
+                and S.dtype == np.float64 and S.flags.c_contiguous and _fused.usable(A.shape[0] * self.B.shape[1])):
             return False
         return not (self.pieces and (~RA_rows[:, None] & ~cut.RB_cols[None, :]).any())
 
@@ -450,11 +459,8 @@ class Right:
         del A1
         rest1 = A0 @ cut.RB if cut.RB_any else None
         rest2 = RA @ self.B if RA_rows.any() else None
-        g = 1 + 2 * gamma(K, U64)
-        cols = np.concatenate([up(np.sum(np.abs(A0), axis=-1, keepdims=True) * g),
-                               np.max(np.abs(RA), axis=-1, keepdims=True, initial=0.0)], axis=-1)
-        fused = _fused.quick_cut(P0, P1, rest1, rest2, cols @ cut.rows, S, lowA, cut.lowB, gamma(K + 3, U64),
-                                 3 * K * 2.0 ** -1074)
+        R0 = _rank_one_cols(A0, RA, K) @ cut.rows
+        fused = _fused.quick_cut(P0, P1, rest1, rest2, R0, S, lowA, cut.lowB, gamma(K + 3, U64), 3 * K * 2.0 ** -1074)
         if fused is None:  # (never: _fusable said the loop applies)
             raise RuntimeError("products: the quick cut's compiled loop declined its arrays")
         return Enclosure(*fused, S)
@@ -504,9 +510,7 @@ class Right:
             t = np.add(t, errors[k], out=errors[k - 1])
             partials.append(t)
         lo = np.add(t, rest, out=rest)
-        g = 1 + 2 * gamma(K, U64)
-        cols = np.concatenate([up(np.sum(np.abs(A0), axis=-1, keepdims=True) * g),
-                               np.max(np.abs(RA), axis=-1, keepdims=True, initial=0.0)], axis=-1)
+        cols = _rank_one_cols(A0, RA, K)
         del A0, RA
         # sum|A0 + A1||RB| + |RA||B| <= R, by a rank-one bound for each piece; rounded up
         # twice for the float64 products of two terms.

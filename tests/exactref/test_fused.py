@@ -41,7 +41,7 @@ def _values(rng: np.random.Generator, n: int) -> np.ndarray:
     special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, -5e-324, 2.0 ** -1022, 1e-300,
                         float(f32.max), -float(f32.max), float(f32.max) * (1 + 2.0 ** -25), 3.5e38, 1e308,
                         np.finfo(np.float64).max, float(f32.smallest_subnormal), 2.0 ** -150, 1.0, -1.0])
-    ties = (rng.integers(1, 2 ** 24, n) + 0.5) * 2.0 ** rng.integers(-160, 100, n)  # float32 midpoints
+    ties = (rng.integers(2 ** 23, 2 ** 24, n) + 0.5) * 2.0 ** rng.integers(-160, 100, n)  # float32 midpoints
     kinds = [rng.standard_normal(n) * 2.0 ** rng.integers(-60, 60, n), ties, rng.choice(special, n),
              np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf)]
     pick = rng.integers(0, len(kinds), n)
@@ -94,7 +94,8 @@ def test_decide_float32_is_the_numpy_decision() -> None:
     rng = np.random.default_rng(3)
     hi = _values(rng, N)
     rad = np.abs(hi) * 2.0 ** rng.integers(-70, -20, N)
-    rad[rng.random(N) < 0.05] = rng.choice([0.0, np.inf, np.nan, 5e-324], int((rng.random(N) < 0.05).sum()) or 1)[0]
+    odd = rng.random(N) < 0.05
+    rad[odd] = rng.choice([0.0, np.inf, np.nan, 5e-324], int(odd.sum()))
     with np.errstate(all="ignore"):
         x_lo, x_hi = sumprod._bounds_lo_zero(hi, rad)
         rounded, decided = sumprod._decide_narrow(x_lo, x_hi, F32)
