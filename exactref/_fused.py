@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "decide_float32", "decide_float64", "decides", "judge_into", "judges", "quick_cut",
+__all__ = ["available", "decide_float64", "decide_narrow", "decides", "judge_into", "judges", "quick_cut",
            "scaled_bound", "usable", "widen_float32"]
 
 # Elements below which a block keeps the numpy code.  There the loops gain microseconds (a
@@ -124,9 +124,40 @@ def _outward() -> Callable[..., tuple[float, float]]:
 
 
 @functools.lru_cache(maxsize=1)
-def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., None]]:
-    """The loops of :func:`judge_into`: float32's, float64's (both returning how many elements the
-    general one must redo) and the general one, for the elements a bit trick does not cover."""
+def _round_bits() -> Callable[..., tuple[float, bool]]:
+    """A jitted exactref.rounding._round_bits_block of one value x: (x rounded to a format with p
+    significant bits, whether x is outside the range where that holds).  ``f`` is the format's
+    (53 - p, the bits of its smallest normal value, its largest finite value): see
+    :func:`_bits_format`.  An element outside is left to the numpy code."""
+    bits, from_bits = _bitcasts()
+
+    @_jit()
+    def round_bits(x, f):
+        d, normal_bits, max_finite = f
+        b = bits(x)
+        # Round to nearest, ties to even, by adding half a unit of the last kept bit less one, plus
+        # that bit, and clearing the d bits below it (int64 arithmetic: the same bits as uint64's).
+        r = from_bits((b + ((b >> d) & 1) + ((1 << (d - 1)) - 1)) & -(1 << d))
+        mag = b & 0x7FFFFFFFFFFFFFFF
+        # Outside: below the smallest normal value (not 0), where the quantum is the smallest
+        # subnormal's; and a result past the largest finite value, which is where every value too
+        # large for the trick, an infinity or a NaN ends (as inf or NaN).
+        odd = ~((mag == 0) | (mag >= normal_bits)) | ~(abs(r) <= max_finite)
+        return r, odd
+
+    return round_bits
+
+
+def _bits_format(fmt: Any) -> tuple[int, int, float]:
+    """The constants of :func:`_round_bits` for ``fmt``."""
+    return 53 - fmt.p, int(np.float64(fmt.min_normal).view(np.int64)), float(fmt.max_finite)
+
+
+@functools.lru_cache(maxsize=1)
+def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., int], Callable[..., None]]:
+    """The loops of :func:`judge_into`: float32's, float64's and the narrower formats' (each returning
+    how many elements another must redo), and float64's general one, for the elements its bit trick
+    does not cover."""
     bits, from_bits = _bitcasts()
     outward = _outward()
     inf = np.inf
@@ -195,6 +226,26 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
             finish(c, i, e, low, high, xl, xh, rounded[i], special, *outs)
         return count
 
+    round_bits = _round_bits()
+
+    @jit
+    def half(c, f, E, x_lo, x_hi, rounded, special, rare, *outs):
+        # A narrower format (float16, bfloat16): the ends rounded by their bits; an end outside
+        # their range marks its element for the numpy code.
+        count = 0
+        for i in range(E.size):
+            e = slackened(E[i], c)
+            xl = x_lo[i]
+            xh = x_hi[i]
+            la, ha = outward(xl, xh, e, c[1], c[2])
+            low, odd_low = round_bits(la, f)
+            high, odd_high = round_bits(ha, f)
+            odd = odd_low | odd_high
+            rare[i] = odd
+            count += odd
+            finish(c, i, e, low, high, xl, xh, rounded[i], special, *outs)
+        return count
+
     @jit
     def general(c, E, x_lo, x_hi, rounded, special, rare, *outs):
         for i in np.flatnonzero(rare):
@@ -203,23 +254,25 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
             xh = x_hi[i]
             finish(c, i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i], special, *outs)
 
-    return float32, float64, general
+    return float32, float64, half, general
 
 
 def judges(fmt: Any) -> bool:
     """Whether :func:`judge_into` judges outputs of ``fmt``: float32, whose rounding is numpy's cast,
-    and float64."""
-    return _rounds_by_cast(fmt) or _is_float64(fmt)
-
-
-def decides(fmt: Any) -> bool:
-    """Whether :func:`decide_float32` decides roundings to ``fmt``: float32 (numpy's cast rounds to it)."""
-    return _rounds_by_cast(fmt)
+    float64, and the narrower IEEE-like formats rounded by their bits (float16, bfloat16)."""
+    return _rounds_by_cast(fmt) or _is_float64(fmt) or _rounds_by_bits(fmt)
 
 
 def _rounds_by_cast(fmt: Any) -> bool:
     return (getattr(fmt, "dtype", None) == np.float32 and fmt.p == 24 and fmt.cast_rounds and fmt.has_inf
             and not fmt.saturates)
+
+
+def _rounds_by_bits(fmt: Any) -> bool:
+    """A format narrower than float32 with IEEE's rules (signed zeros, infinities, no saturation),
+    which exactref.rounding rounds by its bits."""
+    return (isinstance(getattr(fmt, "p", None), int) and 2 <= fmt.p < 24 and fmt.signed and fmt.has_negative_zero
+            and fmt.has_inf and not fmt.saturates and fmt.nan_encoding == "ieee" and fmt.emax < 1000)
 
 
 def _is_float64(fmt: Any) -> bool:
@@ -247,20 +300,37 @@ def judge_into(fmt: Any, E: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, roun
     flat = [a.reshape(-1) for a in (E, x_lo, x_hi, rounded, special)]
     outs = [dst[name].reshape(-1) for name in
             ("lo", "hi", "tolerance", "rounded", "x_lo", "x_hi", "nan_ok", "special_ok")]
-    float32, float64, general = _judge_loops()
+    float32, float64, half, general = _judge_loops()
     rare = np.empty(rounded.size, dtype=bool)
     c = _judge_constants()
-    if (float64 if _is_float64(fmt) else float32)(c, *flat, rare, *outs):
-        general(c, *flat, rare, *outs)
+    if _is_float64(fmt):
+        if float64(c, *flat, rare, *outs):
+            general(c, *flat, rare, *outs)
+    elif _rounds_by_cast(fmt):
+        float32(c, *flat, rare, *outs)
+    elif half(c, _bits_format(fmt), *flat, rare, *outs):
+        # Ends past the format's range or among its subnormals: those elements by the numpy code.
+        from .ops._common import _slackened
+        from .result import judge
+
+        idx = np.flatnonzero(rare)
+        E_r, x_lo_r, x_hi_r, rounded_r, special_r = (a[idx] for a in flat)
+        part = judge(rounded_r, x_lo_r, x_hi_r, _slackened(E_r), fmt, overflow=special_r if overflow is not None else None)
+        for name, o in zip(("lo", "hi", "tolerance", "rounded", "x_lo", "x_hi", "nan_ok", "special_ok"), outs):
+            o[idx] = getattr(part, name)
     return True
 
 
 @functools.lru_cache(maxsize=1)
-def _decide_float32_loop() -> Callable[..., None]:
+def _decide_narrow_loops() -> tuple[Callable[..., None], Callable[..., int]]:
+    """The loops of :func:`decide_narrow`: float32's (numpy's cast) and the narrower formats' (by
+    their bits, returning how many elements the numpy code must redo)."""
     outward = _outward()
+    round_bits = _round_bits()
+    jit = _jit()
 
-    @_jit()
-    def loop(c, hi, rad, rounded, x_lo, x_hi, decided):
+    @jit
+    def float32(c, hi, rad, rounded, x_lo, x_hi, decided, rare):
         for i in range(hi.size):
             h = hi[i]
             # engine.sumprod._bounds_lo_zero: hi -+ rad, each moved out by its slack.
@@ -273,18 +343,54 @@ def _decide_float32_loop() -> Callable[..., None]:
             x_lo[i] = low
             x_hi[i] = high
             decided[i] = (r_low == r_high) & ((low > 0) | (high < 0))
+        return 0
 
-    return loop
+    @jit
+    def half(c, f, hi, rad, rounded, x_lo, x_hi, decided, rare):
+        count = 0
+        for i in range(hi.size):
+            h = hi[i]
+            low, high = outward(h, h, rad[i], c[0], c[1])
+            r_low, odd_low = round_bits(low, f)
+            r_high, odd_high = round_bits(high, f)
+            odd = odd_low | odd_high
+            rounded[i] = r_high
+            x_lo[i] = low
+            x_hi[i] = high
+            decided[i] = (r_low == r_high) & ((low > 0) | (high < 0))
+            rare[i] = odd
+            count += odd
+        return count
+
+    return float32, half
 
 
-def decide_float32(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, ...] | None:
-    """``engine.sumprod``'s rounding to float32 of the values in ``hi +- rad`` (an enclosure whose lo
-    is zero): the rounded values, float64 bounds x_lo and x_hi, and where decided, by one compiled
-    loop; None where it does not apply (numba missing, a small or non-contiguous block)."""
+def decides(fmt: Any) -> bool:
+    """Whether :func:`decide_narrow` decides roundings to ``fmt``: float32 (numpy's cast rounds to it)
+    and the narrower formats rounded by their bits (float16, bfloat16)."""
+    return _rounds_by_cast(fmt) or _rounds_by_bits(fmt)
+
+
+def decide_narrow(hi: np.ndarray, rad: np.ndarray, fmt: Any) -> tuple[np.ndarray, ...] | None:
+    """``engine.sumprod``'s rounding to ``fmt`` (one that :func:`decides`) of the values in
+    ``hi +- rad`` (an enclosure whose lo is zero): the rounded values, float64 bounds x_lo and x_hi,
+    and where decided, by one compiled loop; None where it does not apply (numba missing, a small
+    or non-contiguous block)."""
     if not _plain(hi, rad):
         return None
     outs = (np.empty(hi.shape), np.empty(hi.shape), np.empty(hi.shape), np.empty(hi.shape, dtype=bool))
-    _decide_float32_loop()(_judge_constants()[1:], hi.reshape(-1), rad.reshape(-1), *(o.reshape(-1) for o in outs))
+    flat = [o.reshape(-1) for o in outs]
+    rare = np.empty(hi.size, dtype=bool)
+    float32, half = _decide_narrow_loops()
+    c = _judge_constants()[1:]
+    if _rounds_by_cast(fmt):
+        float32(c, hi.reshape(-1), rad.reshape(-1), *flat, rare)
+    elif half(c, _bits_format(fmt), hi.reshape(-1), rad.reshape(-1), *flat, rare):
+        # Ends past the format's range or among its subnormals: rounded by the numpy code.
+        from .engine.sumprod import _decide_narrow
+
+        idx = np.flatnonzero(rare)
+        flat[0][idx], flat[3][idx] = _decide_narrow(flat[1][idx], flat[2][idx], fmt)
     return outs
 
 

@@ -403,7 +403,7 @@ def _decide(enc: fast.Enclosure, fmt: Format) -> tuple[np.ndarray, np.ndarray, n
             return rounded, x_lo, x_hi, decided
         return _decide_float64(enc.hi, enc.lo, enc.rad)
     if enc.lo_zero and _fused.decides(fmt):
-        fused = _fused.decide_float32(enc.hi, enc.rad)
+        fused = _fused.decide_narrow(enc.hi, enc.rad, fmt)
         if fused is not None:
             rounded, x_lo, x_hi, decided = fused
             return rounded, x_lo, x_hi, decided

@@ -19,8 +19,10 @@ from exactref.formats import FORMATS
 from exactref.models import _bounds
 from exactref.ops._common import _PART_DTYPES, _slackened
 from exactref.result import judge
+from exactref.rounding import round_float64
 
-F32, F64 = FORMATS["float32"], FORMATS["float64"]
+F32, F64, F16, BF16 = FORMATS["float32"], FORMATS["float64"], FORMATS["float16"], FORMATS["bfloat16"]
+E5M2 = FORMATS["float8_e5m2"]  # (IEEE's rules in 8 bits: rounded by its bits too)
 N = 2 * _fused.MIN_SIZE + 3  # an odd size, above the loops' threshold
 
 numba = pytest.importorskip("numba", reason="numba (exactref[fast]) is not installed: the loops are not used")
@@ -35,13 +37,21 @@ def _same(got: np.ndarray, want: np.ndarray) -> bool:
     return got.shape == want.shape and got.dtype == want.dtype and np.array_equal(_bits(got), _bits(want))
 
 
-def _values(rng: np.random.Generator, n: int) -> np.ndarray:
-    """float64 values where float32 and float64 roundings, and their special cases, part ways."""
+def _values(rng: np.random.Generator, n: int, fmt=F32) -> np.ndarray:
+    """float64 values where the roundings to ``fmt`` (and float64's), and their special cases, part
+    ways: its range's ends, its subnormals, its midpoints and their neighbours (float64's own:
+    float32's, with float64's largest values among the special ones)."""
+    fmt = fmt if fmt.emax < 1000 else F32
     f32 = np.finfo(np.float32)
     special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, -5e-324, 2.0 ** -1022, 1e-300,
                         float(f32.max), -float(f32.max), float(f32.max) * (1 + 2.0 ** -25), 3.5e38, 1e308,
-                        np.finfo(np.float64).max, float(f32.smallest_subnormal), 2.0 ** -150, 1.0, -1.0])
-    ties = (rng.integers(2 ** 23, 2 ** 24, n) + 0.5) * 2.0 ** rng.integers(-160, 100, n)  # float32 midpoints
+                        np.finfo(np.float64).max, float(f32.smallest_subnormal), 2.0 ** -150, 1.0, -1.0,
+                        fmt.max_finite, fmt.max_finite * (1 + 2.0 ** -fmt.p), fmt.max_finite * (1 + 2.0 ** -(fmt.p + 1)),
+                        fmt.min_normal, fmt.min_normal * (1 - 2.0 ** -30), fmt.min_subnormal, fmt.min_subnormal / 2,
+                        2.0 ** (fmt.emax + 2), 2.0 ** (fmt.emax + 2) * (1 - 2.0 ** -53)])
+    # Midpoints of fmt's values, over its whole range and past it.
+    ties = (rng.integers(2 ** (fmt.p - 1), 2 ** fmt.p, n) + 0.5) * 2.0 ** rng.integers(
+        fmt.emin - fmt.p - 10, fmt.emax + 4, n).astype(float)
     kinds = [rng.standard_normal(n) * 2.0 ** rng.integers(-60, 60, n), ties, rng.choice(special, n),
              np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf)]
     pick = rng.integers(0, len(kinds), n)
@@ -67,16 +77,16 @@ def test_the_loops_are_compiled_without_contracting_a_product_and_a_sum() -> Non
     assert np.array_equal(out, a * b + c) and (out == 0).all()
 
 
-@pytest.mark.parametrize("fmt", [F32, F64], ids=["float32", "float64"])
+@pytest.mark.parametrize("fmt", [F32, F64, F16, BF16, E5M2], ids=["float32", "float64", "float16", "bfloat16", "e5m2"])
 @pytest.mark.parametrize("marks", [False, True])
 def test_judge_into_writes_what_judge_returns(fmt, marks) -> None:
     rng = np.random.default_rng(7 + marks)
-    x = _values(rng, N)
+    x = _values(rng, N, fmt)
     with np.errstate(all="ignore"):
         width = np.abs(x) * 2.0 ** rng.integers(-60, 0, N)
         x_lo, x_hi = x - width, x + width
         x_lo[rng.random(N) < 0.05] = np.nan  # (a special answer's bounds are NaN)
-        rounded = np.asarray(x.astype(np.float32), dtype=np.float64) if fmt is F32 else x
+        rounded = round_float64(x, fmt)
     E = _tolerances(rng, x)
     overflow = (rng.random(N) < 0.2) if marks else None
     with np.errstate(all="ignore"):
@@ -90,16 +100,38 @@ def test_judge_into_writes_what_judge_returns(fmt, marks) -> None:
         assert _same(out[name][outside], before[name][outside]), name  # only its place is written
 
 
-def test_decide_float32_is_the_numpy_decision() -> None:
+@pytest.mark.parametrize("fmt", [F16, BF16, E5M2], ids=["float16", "bfloat16", "e5m2"])
+def test_round_bits_rounds_to_the_format_or_says_it_cannot(fmt) -> None:
+    # The loops' rounding by the bits, one value at a time, against round_float64: equal wherever it
+    # does not hand the value on, at the format's midpoints (ties to even) too.
+    rng = np.random.default_rng(17)
+    x = _values(rng, 2000, fmt)
+    with np.errstate(all="ignore"):
+        want = round_float64(x, fmt)
+    round_bits, f = _fused._round_bits(), _fused._bits_format(fmt)
+    got = [round_bits(float(v), f) for v in x]
+    odd = np.array([o for _, o in got])
+    r = np.array([v for v, _ in got])
+    assert _same(r[~odd], want[~odd])
+    assert odd.any() and (~odd).sum() > 500
+    # The midpoints in range, both ways: half go up (to an even last bit) and half down.
+    m = rng.integers(2 ** (fmt.p - 1), 2 ** fmt.p, 200)
+    mid = (m + 0.5) * 2.0 ** -(fmt.p - 1)
+    assert _same(np.array([round_bits(float(v), f)[0] for v in mid]), round_float64(mid, fmt))
+    assert len({float(v) > float(w) for v, w in zip(round_float64(mid, fmt), mid)}) == 2
+
+
+@pytest.mark.parametrize("fmt", [F32, F16, BF16, E5M2], ids=["float32", "float16", "bfloat16", "e5m2"])
+def test_decide_narrow_is_the_numpy_decision(fmt) -> None:
     rng = np.random.default_rng(3)
-    hi = _values(rng, N)
+    hi = _values(rng, N, fmt)
     rad = np.abs(hi) * 2.0 ** rng.integers(-70, -20, N)
     odd = rng.random(N) < 0.05
     rad[odd] = rng.choice([0.0, np.inf, np.nan, 5e-324], int(odd.sum()))
     with np.errstate(all="ignore"):
         x_lo, x_hi = sumprod._bounds_lo_zero(hi, rad)
-        rounded, decided = sumprod._decide_narrow(x_lo, x_hi, F32)
-    got = _fused.decide_float32(hi, rad)
+        rounded, decided = sumprod._decide_narrow(x_lo, x_hi, fmt)
+    got = _fused.decide_narrow(hi, rad, fmt)
     assert decided.any() and not decided.all()
     for g, w in zip(got, (rounded, x_lo, x_hi, decided)):
         assert _same(g, w)
@@ -216,11 +248,15 @@ def test_the_quick_cut_loop_makes_the_enclosure_of_the_numpy_code(monkeypatch, c
 
 
 def test_formats_the_loops_take() -> None:
-    assert _fused.judges(F32) and _fused.judges(F64) and _fused.decides(F32)
-    for name in ("float16", "bfloat16", "float8_e4m3fn", "tf32"):
+    for fmt in (F32, F64, F16, BF16, E5M2):
+        assert _fused.judges(fmt), fmt.name
+    for fmt in (F32, F16, BF16, E5M2):
+        assert _fused.decides(fmt), fmt.name
+    assert not _fused.decides(F64)  # (float64 decisions take decide_float64)
+    # Saturating formats, ones without infinities or negative zero: the numpy code.
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"):
         if name in FORMATS:
             assert not _fused.judges(FORMATS[name]) and not _fused.decides(FORMATS[name]), name
-    assert not _fused.decides(F64)  # (float64 decisions take decide_float64)
 
 
 def _fields(res: er.Result) -> list[np.ndarray]:
@@ -231,10 +267,13 @@ def _fields(res: er.Result) -> list[np.ndarray]:
     (((512, 512), (512, 512)), "float32"),  # judged block by block as it is solved
     (((3, 200, 96), (96, 300)), "float32"),
     (((600, 300), (300, 500)), "float64"),  # judged after solving
+    (((512, 300), (300, 512)), "float16"),  # rounded by the bits
+    (((2, 512, 64), (64, 300)), "bfloat16"),
 ])
 def test_an_op_gives_the_same_result_with_the_loops_and_without(monkeypatch, shapes, dtype) -> None:
     rng = np.random.default_rng(5)
-    A, B = (er.asarray(rng.standard_normal(s) * 2.0 ** rng.integers(-20, 20, s), dtype) for s in shapes)
+    spread = 20 if dtype in ("float32", "float64") else 3  # (finite products in the half formats)
+    A, B = (er.asarray(rng.standard_normal(s) * 2.0 ** rng.integers(-spread, spread, s), dtype) for s in shapes)
     G = er.asarray(rng.standard_normal(np.broadcast_shapes(A.shape[:-1], (1,))[:-1] + (A.shape[-2], B.shape[-1])),
                    dtype)
     calls = []
@@ -260,7 +299,7 @@ def test_a_small_block_never_asks_for_numba(monkeypatch) -> None:
     monkeypatch.setattr(_fused, "available", unavailable)
     small = np.ones(_fused.MIN_SIZE - 1)
     assert _fused.decide_float64(small, small, small) is None
-    assert _fused.decide_float32(small, small) is None
+    assert _fused.decide_narrow(small, small, F32) is None
     assert _fused.scaled_bound(small, 1.0, 0.0, 1.0, 1.0) is None
     res = er.matmul(er.asarray(np.ones((8, 8)), "float32"), er.asarray(np.ones((8, 8)), "float32"))
     assert (res.rounded == 8).all()
