@@ -234,8 +234,8 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
 
     @jit
     def half(c, f, E, x_lo, x_hi, rounded, special, rare, *outs):
-        # A narrower format (float16, bfloat16): the ends rounded by their bits; an end outside
-        # their range marks its element for the numpy code.
+        # A narrower format (float16, bfloat16, float8_e5m2): the ends rounded by their bits; an
+        # end outside the trick's range marks its element for the numpy code.
         count = 0
         for i in range(E.size):
             e = slackened(E[i], c)
@@ -256,14 +256,15 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
             e = slackened(E[i], c)
             xl = x_lo[i]
             xh = x_hi[i]
-            finish(c, i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i], special, *outs)
+            finish(c, i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i], special,
+                   *outs)
 
     return float32, float64, half, general
 
 
 def judges(fmt: Any) -> bool:
     """Whether :func:`judge_into` judges outputs of ``fmt``: float32, whose rounding is numpy's cast,
-    float64, and the narrower IEEE-like formats rounded by their bits (float16, bfloat16)."""
+    float64, and the narrower formats rounded by their bits (float16, bfloat16, float8_e5m2)."""
     return _rounds_by_cast(fmt) or _is_float64(fmt) or _rounds_by_bits(fmt)
 
 
@@ -284,8 +285,12 @@ def _is_float64(fmt: Any) -> bool:
             and not fmt.saturates)
 
 
+# The fields of a result's Part, in the order the judgement's loops write them.
+_FIELDS = ("lo", "hi", "tolerance", "rounded", "x_lo", "x_hi", "nan_ok", "special_ok")
+
+
 def judge_into(fmt: Any, E: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, rounded: np.ndarray,
-                       overflow: np.ndarray | None, out: dict[str, np.ndarray], place: Any) -> bool:
+               overflow: np.ndarray | None, out: dict[str, np.ndarray], place: Any) -> bool:
     """``exactref.result.judge(rounded, x_lo, x_hi, _slackened(E), fmt, overflow=overflow)``
     written into ``out[name][place]`` for every field of the Part, by one compiled loop; False
     (nothing written) where that loop does not apply: numba missing, a small block, or arrays
@@ -302,8 +307,7 @@ def judge_into(fmt: Any, E: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, roun
         return False
     special = np.zeros(shape, dtype=bool) if overflow is None else overflow
     flat = [a.reshape(-1) for a in (E, x_lo, x_hi, rounded, special)]
-    outs = [dst[name].reshape(-1) for name in
-            ("lo", "hi", "tolerance", "rounded", "x_lo", "x_hi", "nan_ok", "special_ok")]
+    outs = [dst[name].reshape(-1) for name in _FIELDS]
     float32, float64, half, general = _judge_loops()
     rare = np.empty(rounded.size, dtype=bool)
     c = _judge_constants()
@@ -319,8 +323,9 @@ def judge_into(fmt: Any, E: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, roun
 
         idx = np.flatnonzero(rare)
         E_r, x_lo_r, x_hi_r, rounded_r, special_r = (a[idx] for a in flat)
-        part = judge(rounded_r, x_lo_r, x_hi_r, _slackened(E_r), fmt, overflow=special_r if overflow is not None else None)
-        for name, o in zip(("lo", "hi", "tolerance", "rounded", "x_lo", "x_hi", "nan_ok", "special_ok"), outs):
+        part = judge(rounded_r, x_lo_r, x_hi_r, _slackened(E_r), fmt,
+                     overflow=special_r if overflow is not None else None)
+        for name, o in zip(_FIELDS, outs):
             o[idx] = getattr(part, name)
     return True
 
@@ -371,7 +376,7 @@ def _decide_narrow_loops() -> tuple[Callable[..., None], Callable[..., int]]:
 
 def decides(fmt: Any) -> bool:
     """Whether :func:`decide_narrow` decides roundings to ``fmt``: float32 (numpy's cast rounds to it)
-    and the narrower formats rounded by their bits (float16, bfloat16)."""
+    and the narrower formats rounded by their bits (float16, bfloat16, float8_e5m2)."""
     return _rounds_by_cast(fmt) or _rounds_by_bits(fmt)
 
 

@@ -46,7 +46,8 @@ def _values(rng: np.random.Generator, n: int, fmt=F32) -> np.ndarray:
     special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, -5e-324, 2.0 ** -1022, 1e-300,
                         float(f32.max), -float(f32.max), float(f32.max) * (1 + 2.0 ** -25), 3.5e38, 1e308,
                         np.finfo(np.float64).max, float(f32.smallest_subnormal), 2.0 ** -150, 1.0, -1.0,
-                        fmt.max_finite, fmt.max_finite * (1 + 2.0 ** -fmt.p), fmt.max_finite * (1 + 2.0 ** -(fmt.p + 1)),
+                        fmt.max_finite, fmt.max_finite * (1 + 2.0 ** -fmt.p),
+                        fmt.max_finite * (1 + 2.0 ** -(fmt.p + 1)),
                         fmt.min_normal, fmt.min_normal * (1 - 2.0 ** -30), fmt.min_subnormal, fmt.min_subnormal / 2,
                         2.0 ** (fmt.emax + 2), 2.0 ** (fmt.emax + 2) * (1 - 2.0 ** -53)])
     # Midpoints of fmt's values, over its whole range and past it.
