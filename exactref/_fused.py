@@ -11,8 +11,8 @@ the tolerance's slack and the copies into the result's arrays
 while it is in a register, and writes each output once.  On 2 cores, each
 call right after torch's float64 matmul of the same size, medians of four
 rounds of 11 calls alternating in one process: a float32 matmul took 11.5
-against 13.8 ms at 512**3, 44.2 against 49.4 ms at 1024**3 and 325 against
-349 ms at 2048**3; a float64 one 23.8 against 25.9 ms at 512**3; a bfloat16
+against 13.8 ms at 512**3, 44.2 against 49.3 ms at 1024**3 and 325 against
+349 ms at 2048**3; a float64 one 24.0 against 26.7 ms at 512**3; a bfloat16
 one 275 against 325 ms at 2048**3.
 
 The loops make the numpy code's operations in the same order, in IEEE
