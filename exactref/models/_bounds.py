@@ -52,11 +52,8 @@ def dot_error(S: np.ndarray, *, depth: int, acc: Format, out: Format, terms: int
     by the acceptance interval instead.  ``underflow`` adds half a subnormal
     spacing of ``acc`` per term for products that may underflow.
     """
-    same = acc is out or acc == out  # (the identity test spares the dataclass comparison, usually)
-    k = depth - 1 if same else depth
+    k, underflow = _dot_roundings(depth, acc, out, terms, underflow)
     E = gamma(max(k, 0), acc.unit_roundoff) * S if k > 0 else np.zeros_like(S)
-    # An underflowing rounding breaks the relative bound, unless it is the final rounding itself.
-    underflow = bool(underflow and terms and (k > 0 or not same))
     # E is a fresh array (or a scalar): the steps below write over it, the same operations
     # without two more output-sized temporaries (at 2048 x 2048, 32 MiB each, fresh pages).
     fresh = type(E) is np.ndarray and E.dtype == np.float64
@@ -71,21 +68,32 @@ def dot_error_and_overflow(S: np.ndarray, *, depth: int, acc: Format, out: Forma
                            underflow: bool = False, overflow_depth: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``(dot_error(S, ...), overflow_possible(S, acc, overflow_depth))``: the same values, in one
     compiled pass over S where that applies (exactref/_fused.py)."""
-    same = acc is out or acc == out
-    k = depth - 1 if same else depth
-    under = bool(underflow and terms and (k > 0 or not same))
+    k, under = _dot_roundings(depth, acc, out, terms, underflow)
     if k > 0:
         fused = _fused.scaled_bound(S, gamma(k, acc.unit_roundoff), terms * acc.min_subnormal if under else 0.0,
-                                    1 + gamma(max(overflow_depth, 1), acc.unit_roundoff), acc.max_finite)
+                                    _overflow_factor(acc, overflow_depth), acc.max_finite)
         if fused is not None:
             return fused
     return (dot_error(S, depth=depth, acc=acc, out=out, terms=terms, underflow=underflow),
             overflow_possible(S, acc, overflow_depth))
 
 
+def _dot_roundings(depth: int, acc: Format, out: Format, terms: int, underflow: bool) -> tuple[int, bool]:
+    """dot_error's roundings counted (the final one, where ``acc`` is ``out``, is the acceptance
+    interval's) and whether half a subnormal per term is added."""
+    same = acc is out or acc == out  # (the identity test spares the dataclass comparison, usually)
+    k = depth - 1 if same else depth
+    # An underflowing rounding breaks the relative bound, unless it is the final rounding itself.
+    return k, bool(underflow and terms and (k > 0 or not same))
+
+
 def overflow_possible(S: np.ndarray, acc: Format, depth: int = 1) -> np.ndarray:
     """Where a partial result in ``acc`` may overflow although the exact value need not."""
-    return S * (1 + gamma(max(depth, 1), acc.unit_roundoff)) >= acc.max_finite
+    return S * _overflow_factor(acc, depth) >= acc.max_finite
+
+
+def _overflow_factor(acc: Format, depth: int) -> float:
+    return 1 + gamma(max(depth, 1), acc.unit_roundoff)
 
 
 def partials_error(S: np.ndarray, *, copies: int, per_copy_depth: int, acc: Format, out: Format) -> np.ndarray:
