@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _fused
 from .._parallel import for_each, for_each_slice, serially
 from ..rounding import next_up
 
@@ -278,7 +279,7 @@ def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enc
     or, for some sizes, first (where that was measured to be the faster).
     """
     lead, T = X.shape[:-1], X.shape[-1]
-    if out is not None and _SUM_BLOCK < X.size <= _COPY_FIRST_MAX:
+    if out is not None and _SUM_BLOCK < X.size <= _COPY_FIRST_MAX and not _compiled(X):
         # Measured here (2 cores, medians of 25 interleaved runs): a fresh out written block by
         # block from two threads cost 19 ms at 10**7 float32 values and 52 ms at 3 * 10**7, a copy
         # first 12 and 40; at 4 * 10**6 (one block) and 10**8 writing as it reads was the faster.
@@ -302,6 +303,11 @@ def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enc
     bad = ~np.isfinite(hi) | ~np.isfinite(lo) | ~(rad < np.inf) | np.isnan(S)
     return Enclosure(np.where(bad, 0.0, hi).reshape(lead), np.where(bad, 0.0, lo).reshape(lead),
                      np.where(bad, np.inf, rad).reshape(lead), S.reshape(lead))
+
+
+def _compiled(X: np.ndarray) -> bool:
+    """Whether X's first levels take the compiled loop, which copies as it reads at every size."""
+    return X.dtype == np.float32 and X.flags.c_contiguous and _fused.usable(X.size)
 
 
 def _long_row(row: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> tuple[float, float, float, float]:
@@ -333,9 +339,9 @@ def _sum_block(block: np.ndarray, narrow: bool, out: np.ndarray | None = None
     if narrow and T >= _FUSED_MIN:
         # The first level of both sums in one pass over the block, a few columns at a time;
         # then the same levels as _grouped_sum.
-        first, first_abs, g_abs = _first_level(block, out)
-        S, levels = _grouped_sum(first_abs, 1)
-        total, _ = _grouped_sum(first, 1)
+        first, first_abs, g_abs, made = _first_level(block, out)
+        S, levels = _grouped_sum(first_abs, made)
+        total, _ = _grouped_sum(first, made)
     elif narrow:
         S, levels = _grouped_sum(np.abs(block))
         total, _ = _grouped_sum(block)
@@ -374,16 +380,24 @@ _FUSED_CHUNK = 1 << 17
 # at 4 * 10**6 against 4.42; at 10**7 (full blocks) both 13.0-13.2 ms, and at 10**8 sharing
 # won, 112 ms against 153.  So only full blocks of _SUM_BLOCK values share.
 _FUSED_PARALLEL = _SUM_BLOCK
+# The compiled first level (exactref/_fused.py's group_sums) shares out its blocks in parts of
+# about _LOOP_CHUNK values, from _FUSED_PARALLEL values on too.  Measured on 2 cores, each sum
+# right after torch's float64 sum of the same values, medians of 15 to 101 calls alternating in
+# one process: shared out, 10**6 values took 0.44-0.48 ms against 0.39 serially, 3 * 10**6 values
+# 1.79-1.87 against 1.72-1.76, 10**7 5.8-7.1 ms against 5.7-5.9; 10**8 48-52 ms against 57-60.
+_LOOP_CHUNK = 1 << 18
 _ONES = np.ones(_SUM_WIDTH)
 _ONES32 = np.ones(_SUM_WIDTH, dtype=np.float32)
 _ONES.flags.writeable = _ONES32.flags.writeable = False  # (shared by every thread's products)
 
 
-def _first_level(block: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+def _first_level(block: np.ndarray, out: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, float, int]:
     """The first level of the sums of a 2-D block and of its absolute values: sums of groups of
-    _SUM_WIDTH values, in one pass over the block without a temporary of its size, and the
-    relative error bound of the sums of absolute values.  ``out`` (of the block's shape)
-    receives a copy of the block, each bunch written right after it is read.
+    _SUM_WIDTH values, in one pass over the block without a temporary of its size, the
+    relative error bound of the sums of absolute values, and the number of levels made (1, or 2
+    where the compiled loop made the first two: :func:`_compiled_levels`).  ``out`` (of the
+    block's shape) receives a copy of the block, each bunch written right after it is read.
 
     The block's rows are cut into bunches of ``_SUM_WIDTH * w`` values (the last one padded
     with zeros); a bunch, widened to float64 and viewed as a (_SUM_WIDTH, w) matrix, is added
@@ -403,6 +417,9 @@ def _first_level(block: np.ndarray, out: np.ndarray | None = None) -> tuple[np.n
     underflow adds no error).  Where one overflows (values near float32's largest), they are all
     taken again in float64, from a float64 copy of the block (at most _SUM_BLOCK values).
     """
+    compiled = _compiled_levels(block, out)
+    if compiled is not None:
+        return compiled
     rows, T = block.shape
     w = max(1, _FUSED_CHUNK // (_SUM_WIDTH * rows))
     C = _SUM_WIDTH * w
@@ -430,11 +447,29 @@ def _first_level(block: np.ndarray, out: np.ndarray | None = None) -> tuple[np.n
     # Side by side only for a block long enough to pay for waking the helpers (see _FUSED_PARALLEL).
     (for_each if block.size >= _FUSED_PARALLEL else serially)(bunch, -(-T // C))
     if not in32:
-        return first, first_abs, gamma(_SUM_WIDTH - 1, U64)
+        return first, first_abs, gamma(_SUM_WIDTH - 1, U64), 1
     if np.isinf(first_abs).any():  # (an infinite value too: rare either way)
-        _, again, g_abs = _first_level(block.astype(np.float64))
-        return first, again, g_abs
-    return first, first_abs.astype(np.float64), gamma(_SUM_WIDTH - 1, U32)
+        _, again, g_abs, _ = _first_level(block.astype(np.float64))
+        return first, again, g_abs, 1
+    return first, first_abs.astype(np.float64), gamma(_SUM_WIDTH - 1, U32), 1
+
+
+def _compiled_levels(block: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, float, int] | None:
+    """:func:`_first_level`'s result from exactref/_fused.py's group_sums, which makes the first two
+    levels of a float32 block's sums (each group of at most _SUM_WIDTH values added in float64,
+    so each errs by at most gamma_63 of its absolute sum, at both levels, for the sums of
+    absolute values too), in one pass; None where the loop does not apply (see group_sums)."""
+    compiled = _fused.group_sums(block, out, _SUM_WIDTH) if block.dtype == np.float32 else None
+    if compiled is None:
+        return None
+    second, second_abs, run = compiled
+    T = block.shape[1]
+    bunch = _fused.GROUP * _fused.LANES
+    step = max(1, _LOOP_CHUNK // (block.shape[0] * bunch)) * bunch
+    starts = range(0, T, step)
+    (for_each if block.size >= _FUSED_PARALLEL else serially)(
+        lambda i: run(starts[i], min(T, starts[i] + step)), len(starts))
+    return second, second_abs, gamma(_SUM_WIDTH - 1, U64), 2
 
 
 def _padded(buf: np.ndarray, src: np.ndarray, cols: int, *, absolute: bool = False) -> np.ndarray:

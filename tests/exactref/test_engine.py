@@ -393,14 +393,21 @@ def test_round_certified_decides_each_precisions_list_at_once_with_decide_all():
         assert Fraction(got[k][1]) <= Fraction(k, 3) <= Fraction(got[k][2]), k
 
 
+@pytest.mark.parametrize("loops", [False, True])
 @pytest.mark.parametrize(("T", "copy_first"), [(64 * 1000, False), (64 * 1000 + 5, False),
                                                ((1 << 22) + 64 * 3, False), ((1 << 22) + 64 * 3, True)])
-def test_long_sums_copies_into_out_as_it_reads_and_gives_the_same_enclosure(T, copy_first, monkeypatch):
+def test_long_sums_copies_into_out_as_it_reads_and_gives_the_same_enclosure(T, copy_first, loops, monkeypatch):
     # The first level writes each bunch it reads into out, a partial group included; a row
     # longer than a block (_SUM_BLOCK = 2**22) goes block by block, and at such sizes up to
-    # _COPY_FIRST_MAX is copied first (both ways here).
+    # _COPY_FIRST_MAX the numpy code copies first (both ways here).  The compiled first level
+    # (``loops``, where numba is present) copies as it reads at every size.
+    from exactref import _fused
     from exactref.engine import fast
     from exactref.engine.fast import long_sums
+    if loops and not _fused.available():
+        pytest.skip("numba is not installed (exactref[fast])")
+    if not loops:
+        monkeypatch.setattr(_fused, "available", lambda: False)
     if copy_first:
         assert fast._SUM_BLOCK < T <= fast._COPY_FIRST_MAX  # the case is the one named
     else:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import exactref as er
-from exactref import rounding
+from exactref import _fused, rounding
 from exactref.engine import fast, products, sumprod
 
 F64_MAX = float(np.finfo(np.float64).max)
@@ -103,6 +103,14 @@ def test_decide_float64_matches_its_definition(kind: int) -> None:
             assert np.array_equal(_bits(got)[decided], _bits(want)[decided])
 
 
+@pytest.fixture
+def numpy_first_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fast._first_level's numpy code, as without numba (the compiled loop that takes its place
+    where numba is present is tested in tests/exactref/test_fused.py)."""
+    monkeypatch.setattr(_fused, "available", lambda: False)
+
+
+@pytest.mark.usefixtures("numpy_first_level")
 @pytest.mark.parametrize(("rows", "T"), [(1, 4096), (1, 4097), (1, 300_001), (3, 70_000), (40, 5000)])
 def test_first_level_sums_each_group_within_gamma_63(rows: int, T: int) -> None:
     # The groups, written out here: each row cut into bunches of 64 w values (the last padded with
@@ -110,7 +118,8 @@ def test_first_level_sums_each_group_within_gamma_63(rows: int, T: int) -> None:
     rng = np.random.default_rng(T)
     x = (rng.standard_normal((rows, T)) * np.ldexp(1.0, rng.integers(-60, 60, (rows, T)))).astype(np.float32)
     x[:, ::5] = -x[:, ::5]
-    first, first_abs, g_abs = fast._first_level(x)
+    first, first_abs, g_abs, made = fast._first_level(x)
+    assert made == 1
     w = max(1, fast._FUSED_CHUNK // (64 * rows))
     groups = []
     for j0 in range(0, T, 64 * w):
@@ -141,13 +150,14 @@ def test_first_level_sums_each_group_within_gamma_63(rows: int, T: int) -> None:
     assert beyond_float64 > 0
 
 
+@pytest.mark.usefixtures("numpy_first_level")
 def test_first_level_takes_sums_of_abs_again_in_float64_where_float32_overflows() -> None:
     # 8192 values in one bunch of 128 groups: values 128 apart (and 1024 apart, as in the op's
     # bunches of 65536 below) share a group.  Two of 3e38 and -3e38 there overflow float32's sum of |x|.
     x = np.full((1, 8192), 1.0, dtype=np.float32)
     x[0, 3200], x[0, 3200 + 1024] = np.float32(3e38), np.float32(-3e38)
     with np.errstate(over="ignore"):  # (as long_sums calls it)
-        first, first_abs, g_abs = fast._first_level(x)
+        first, first_abs, g_abs, _ = fast._first_level(x)
     assert g_abs == fast.gamma(63, fast.U64)
     assert np.isfinite(first_abs).all()
     exact = 62 + 2 * Fraction(float(np.float32(3e38)))

@@ -1,0 +1,171 @@
+"""exactref/_fused.py's group_sums: the compiled first two levels of a long float32 sum.
+
+Unlike the other loops, it does not make the numpy code's values (that code
+adds in the BLAS's order, which no loop can repeat): it adds in an order of
+its own, documented in _fused.py.  So it is checked three ways:
+
+* bit for bit against that order, emulated here with numpy's elementwise
+  float64 additions (each IEEE's, as the loop's);
+* each sum within its two levels' bound, gamma_63 (2 + gamma_63) of its
+  absolute sum, against Fractions;
+* whole sums with the loop and without it: the same rounded value, the exact
+  one (Fractions rounded by tests/exactref/oracle.py), and enclosures that
+  hold it.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import exactref as er
+from exactref import _fused
+from exactref.engine import fast
+
+from .oracle import round_fraction
+
+numba = pytest.importorskip("numba", reason="numba (exactref[fast]) is not installed: the loops are not used")
+
+G, L = 64, 128  # the order the tests expect: groups of 64 values across 128 lanes
+BUNCH = G * L
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    """x's bits, every NaN as one (which NaN an invalid addition gives is the hardware's choice)."""
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    return np.where(np.isnan(x), np.nan, x).view(np.uint64)
+
+
+def _emulated(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The documented order: a row's bunches of 8192 values (the last one shorter); in a bunch of
+    n values with c = min(128, ceil(n / 64)) lanes, value t goes to lane t % c, each lane added one
+    value after another from 0.0; then the lanes, 64 at a time, added one after another from
+    0.0.  Returns the second level's sums and sums of |x|."""
+    rows, T = x.shape
+    second = np.empty((rows, -(-T // (G * G))))
+    second_abs = np.empty_like(second)
+    for r in range(rows):
+        for b0 in range(0, T, BUNCH):
+            vals = x[r, b0:b0 + BUNCH].astype(np.float64)
+            cols = min(L, -(-vals.size // G))
+            s, a = np.zeros(cols), np.zeros(cols)
+            for i in range(0, vals.size, cols):  # (inf - inf is NaN there as in the loop)
+                row = vals[i:i + cols]
+                s[:row.size] += row
+                a[:row.size] += np.abs(row)
+            for h in range(-(-cols // G)):
+                t, t_abs = np.float64(0.0), np.float64(0.0)
+                for j in range(h * G, min(cols, (h + 1) * G)):
+                    t, t_abs = t + s[j], t_abs + a[j]
+                second[r, b0 // (G * G) + h], second_abs[r, b0 // (G * G) + h] = t, t_abs
+    return second, second_abs
+
+
+def _wide(rng: np.random.Generator, shape: tuple[int, ...], special: bool = False) -> np.ndarray:
+    """float32 values of wide exponents, of both signs, and float32's edge values where ``special``."""
+    x = (rng.standard_normal(shape) * np.ldexp(1.0, rng.integers(-140, 120, shape))).astype(np.float32)
+    if special:
+        f32 = np.finfo(np.float32)
+        edges = np.array([0.0, -0.0, f32.smallest_subnormal, -f32.smallest_subnormal, f32.tiny, f32.max, -f32.max,
+                          np.inf, -np.inf, np.nan], dtype=np.float32)
+        pick = rng.random(shape) < 0.05
+        x[pick] = rng.choice(edges, int(pick.sum()))
+    return x
+
+
+def test_the_order_the_tests_emulate_is_the_loops() -> None:
+    assert (_fused.GROUP, _fused.LANES) == (G, L) == (fast._SUM_WIDTH, L)
+
+
+@pytest.mark.parametrize(("rows", "T", "special"), [
+    (1, BUNCH, False), (1, BUNCH + 1, False), (1, 3 * BUNCH + 4095, True), (1, 300_001, False),
+    (3, 70_000, True), (40, 5000, False), (2, 4096 + 7, True), (1, 2 * BUNCH + 64 * 64 + 1, False)])
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_group_sums_add_in_their_documented_order_and_copy(rows: int, T: int, special: bool) -> None:
+    rng = np.random.default_rng(T + rows)
+    x = _wide(rng, (rows, T), special)
+    want, want_abs = _emulated(x)
+    for parts in (1, 3):  # in one call, and in ranges of whole bunches (as the threads take them)
+        out = np.full_like(x, np.nan)
+        made = _fused.group_sums(x, out, G)
+        assert made is not None
+        second, second_abs, run = made
+        cuts = sorted({0, T, *(BUNCH * rng.integers(0, -(-T // BUNCH) + 1, parts - 1)).tolist()})
+        for c0, c1 in zip(cuts, cuts[1:]):
+            run(c0, min(c1, T))
+        assert np.array_equal(_bits(second), _bits(want)), parts
+        assert np.array_equal(_bits(second_abs), _bits(want_abs)), parts
+        assert np.array_equal(out.view(np.uint32), x.view(np.uint32)), parts  # (NaN's bits too)
+    # Without out, the same sums.
+    second, second_abs, run = _fused.group_sums(x, None, G)
+    run(0, T)
+    assert np.array_equal(_bits(second), _bits(want)) and np.array_equal(_bits(second_abs), _bits(want_abs))
+
+
+@pytest.mark.parametrize("kind", ["wide", "cancelling"])
+def test_group_sums_are_within_two_levels_of_gamma_63(kind: str) -> None:
+    # Each level adds at most 64 values: gamma_63 of their absolute sum, the second level's terms
+    # being the first's sums, at most (1 + gamma_63) times theirs.  So gamma_63 (2 + gamma_63).
+    rng = np.random.default_rng(5)
+    T = 5 * BUNCH + 3000
+    x = _wide(rng, (1, T))
+    if kind == "cancelling":  # a value and its negation, and small values between them
+        x = np.repeat(rng.standard_normal(T // 2).astype(np.float32) * np.float32(2.0 ** 40), 2)[None, :]
+        x[0, 1::2] *= -1
+        x[0, ::7] = rng.standard_normal(x[0, ::7].size).astype(np.float32)
+    second, second_abs, run = _fused.group_sums(x, None, G)
+    run(0, x.shape[1])
+    g = Fraction(63, 2 ** 53) / (1 - Fraction(63, 2 ** 53))
+    for k in range(second.shape[1]):
+        # Second-level group k: half k % 2 of bunch k // 2's lanes (value t of a bunch in lane
+        # t % cols, cols lanes: 128, or fewer in the last bunch).
+        bunch = x[0, k // 2 * BUNCH:(k // 2 + 1) * BUNCH]
+        cols = min(L, -(-bunch.size // G))
+        lanes = np.arange(bunch.size) % cols
+        terms = [Fraction(float(v)) for v in bunch[lanes // G == k % 2]]
+        exact, absolute = sum(terms, Fraction(0)), sum(map(abs, terms), Fraction(0))
+        bound = g * (2 + g) * absolute
+        assert abs(Fraction(float(second[0, k])) - exact) <= bound, k
+        assert abs(Fraction(float(second_abs[0, k])) - absolute) <= bound, k
+
+
+def test_the_first_level_reports_the_two_levels_the_loop_made() -> None:
+    # _sum_block's bound counts the levels from there: the loop's two, then _grouped_sum's.
+    x = _wide(np.random.default_rng(1), (1, 3 * BUNCH))
+    first, first_abs, g_abs, made = fast._first_level(x)
+    assert made == 2 and first.shape == (1, 6) and g_abs == fast.gamma(63, fast.U64)
+    assert np.array_equal(_bits(first), _bits(_emulated(x)[0]))
+
+
+@pytest.mark.parametrize("n", [3 * BUNCH + 5, 300_007])
+def test_a_long_float32_sum_is_the_exact_one_with_the_loop_and_without(monkeypatch, n: int) -> None:
+    rng = np.random.default_rng(n)
+    x = _wide(rng, (n,))
+    x = np.concatenate([x, -x[: n // 2]])  # half of it cancels, exactly
+    rng.shuffle(x)
+    exact = sum((Fraction(float(v)) for v in x), Fraction(0))
+    want = round_fraction(exact, "float32")
+    results = {}
+    for loops in (True, False):
+        if not loops:
+            monkeypatch.setattr(_fused, "available", lambda: False)
+        with np.errstate(over="ignore", invalid="ignore"):
+            enc = fast.long_sums(x, True)
+        lo_hi = Fraction(float(enc.hi)) + Fraction(float(enc.lo))
+        assert abs(lo_hi - exact) <= Fraction(float(enc.rad)), loops
+        assert sum(abs(Fraction(float(v))) for v in x) <= Fraction(float(enc.S)), loops
+        results[loops] = er.sum(x)
+    assert results[True].rounded == results[False].rounded == np.float32(want)
+    # The tolerances are the bound for any order on S, the bound on the sum of |x|: the numpy
+    # code's S is a float32 sum, raised by 2 gamma_63 of float32 (7.5e-6), the loop's a float64 one.
+    tol = [float(results[b].tolerance) for b in (True, False)]
+    assert tol[0] <= tol[1] <= tol[0] * (1 + 1e-5)
+
+
+def test_a_short_or_non_float32_block_keeps_the_numpy_code() -> None:
+    assert _fused.group_sums(np.ones((1, _fused.MIN_SIZE - 1), np.float32), None, G) is None
+    assert _fused.group_sums(np.ones((1, BUNCH)), None, G) is None  # float64
+    assert _fused.group_sums(np.ones((2, BUNCH), np.float32)[:, ::2], None, G) is None  # not contiguous
+    assert _fused.group_sums(np.ones((1, BUNCH), np.float32), None, 32) is None  # another width
