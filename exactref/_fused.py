@@ -677,16 +677,17 @@ def _group_sums_loop() -> Callable[..., None]:
             fa[k + h] = t_abs
 
     @_jit()
-    def loop(x, out, copy, c0, c1, first, first_abs):
+    def loop(x, out, copy, r0, r1, c0, c1, first, first_abs):
         # Each group's values added in float64 one after another from 0.0 (the first addition
         # exact), and their absolute values; then those sums, by second(), into first and
-        # first_abs; x's columns c0..c1 (c0 at a bunch's start) copied into out where ``copy``.
+        # first_abs; x's rows r0..r1 and columns c0..c1 (c0 at a bunch's start) copied into out
+        # where ``copy``.
         bunch = width * lanes
         T = x.shape[1]
         end = min(c1, T)
         full = (end - c0) // bunch
         s, a = np.empty(lanes), np.empty(lanes)
-        for r in range(x.shape[0]):
+        for r in range(r0, r1):
             xr, orow, f, fa = x[r], out[r], first[r], first_abs[r]
             for b in range(full):
                 b0 = c0 + b * bunch
@@ -730,13 +731,14 @@ def _group_sums_loop() -> Callable[..., None]:
 
 
 def group_sums(block: np.ndarray, out: np.ndarray | None, width: int
-               ) -> tuple[np.ndarray, np.ndarray, Callable[[int, int], None]] | None:
+               ) -> tuple[np.ndarray, np.ndarray, Callable[[int, int, int, int], None]] | None:
     """The first two levels of engine.fast's sums of a 2-D float32 block, by a compiled loop: each
     row's sums of groups of ``width`` values and of their absolute values, both in float64, and
     those sums' own sums in groups of ``width``; and a copy of the block into ``out`` (of its
     shape) as it is read.  Returns ``(second, second_abs, run)``, the second level's arrays: call
-    ``run(c0, c1)`` for the column ranges to fill, c0 a multiple of ``GROUP * LANES`` (each call
-    writes only its own columns' groups, and releases the GIL, so ranges run side by side).  None
+    ``run(r0, r1, c0, c1)`` for the blocks of rows and columns to fill, c0 a multiple of
+    ``GROUP * LANES`` (each call writes only its own block's groups, and releases the GIL, so
+    blocks run side by side).  None
     where it does not apply (numba missing, a small or non-contiguous block, not float32, or
     ``width`` other than GROUP).
 
@@ -759,6 +761,6 @@ def group_sums(block: np.ndarray, out: np.ndarray | None, width: int
     # array as a type that cannot be written, even in a branch not taken.)
     dst = np.empty((rows, 0), np.float32) if out is None else out
 
-    def run(c0: int, c1: int) -> None:
-        loop(block, dst, copy, c0, c1, first, first_abs)
+    def run(r0: int, r1: int, c0: int, c1: int) -> None:
+        loop(block, dst, copy, r0, r1, c0, c1, first, first_abs)
     return first, first_abs, run

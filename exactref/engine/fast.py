@@ -463,12 +463,14 @@ def _compiled_levels(block: np.ndarray, out: np.ndarray | None) -> tuple[np.ndar
     if compiled is None:
         return None
     second, second_abs, run = compiled
-    T = block.shape[1]
+    rows, T = block.shape
+    # Parts of about _LOOP_CHUNK values: whole bunches of a long row, or several short rows.
     bunch = _fused.GROUP * _fused.LANES
-    step = max(1, _LOOP_CHUNK // (block.shape[0] * bunch)) * bunch
-    starts = range(0, T, step)
-    (for_each if block.size >= _FUSED_PARALLEL else serially)(
-        lambda i: run(starts[i], min(T, starts[i] + step)), len(starts))
+    width = min(T, max(1, _LOOP_CHUNK // bunch) * bunch)
+    height = max(1, _LOOP_CHUNK // width)
+    parts = [(r, min(rows, r + height), c, min(T, c + width)) for r in range(0, rows, height)
+             for c in range(0, T, width)]
+    (for_each if block.size >= _FUSED_PARALLEL else serially)(lambda i: run(*parts[i]), len(parts))
     return second, second_abs, gamma(_SUM_WIDTH - 1, U64), 2
 
 

@@ -87,20 +87,22 @@ def test_group_sums_add_in_their_documented_order_and_copy(rows: int, T: int, sp
     rng = np.random.default_rng(T + rows)
     x = _wide(rng, (rows, T), special)
     want, want_abs = _emulated(x)
-    for parts in (1, 3):  # in one call, and in ranges of whole bunches (as the threads take them)
+    for parts in (1, 3):  # in one call, and in blocks of rows and whole bunches (as threads take them)
         out = np.full_like(x, np.nan)
         made = _fused.group_sums(x, out, G)
         assert made is not None
         second, second_abs, run = made
         cuts = sorted({0, T, *(BUNCH * rng.integers(0, -(-T // BUNCH) + 1, parts - 1)).tolist()})
-        for c0, c1 in zip(cuts, cuts[1:]):
-            run(c0, min(c1, T))
+        row_cuts = sorted({0, rows, *rng.integers(0, rows + 1, parts - 1).tolist()})
+        for r0, r1 in zip(row_cuts, row_cuts[1:]):
+            for c0, c1 in zip(cuts, cuts[1:]):
+                run(r0, r1, c0, min(c1, T))
         assert np.array_equal(_bits(second), _bits(want)), parts
         assert np.array_equal(_bits(second_abs), _bits(want_abs)), parts
         assert np.array_equal(out.view(np.uint32), x.view(np.uint32)), parts  # (NaN's bits too)
     # Without out, the same sums.
     second, second_abs, run = _fused.group_sums(x, None, G)
-    run(0, T)
+    run(0, rows, 0, T)
     assert np.array_equal(_bits(second), _bits(want)) and np.array_equal(_bits(second_abs), _bits(want_abs))
 
 
@@ -116,7 +118,7 @@ def test_group_sums_are_within_two_levels_of_gamma_63(kind: str) -> None:
         x[0, 1::2] *= -1
         x[0, ::7] = rng.standard_normal(x[0, ::7].size).astype(np.float32)
     second, second_abs, run = _fused.group_sums(x, None, G)
-    run(0, x.shape[1])
+    run(0, 1, 0, x.shape[1])
     g = Fraction(63, 2 ** 53) / (1 - Fraction(63, 2 ** 53))
     for k in range(second.shape[1]):
         # Second-level group k: half k % 2 of bunch k // 2's lanes (value t of a bunch in lane
@@ -137,6 +139,29 @@ def test_the_first_level_reports_the_two_levels_the_loop_made() -> None:
     first, first_abs, g_abs, made = fast._first_level(x)
     assert made == 2 and first.shape == (1, 6) and g_abs == fast.gamma(63, fast.U64)
     assert np.array_equal(_bits(first), _bits(_emulated(x)[0]))
+
+
+@pytest.mark.parametrize(("rows", "T"), [(1, 10 * BUNCH + 5), (50, 5000), (7, 3 * BUNCH)])
+def test_the_first_level_fills_every_part_it_cuts(monkeypatch, rows: int, T: int) -> None:
+    # Parts of 2 bunches' worth: a long row in several, short rows several to a part.
+    monkeypatch.setattr(fast, "_LOOP_CHUNK", 2 * BUNCH)
+    monkeypatch.setattr(fast, "_FUSED_PARALLEL", 0)  # (side by side where the op's threads allow)
+    x = _wide(np.random.default_rng(rows), (rows, T))
+    out = np.full_like(x, np.nan)
+    first, first_abs, _, made = fast._first_level(x, out)
+    want, want_abs = _emulated(x)
+    assert made == 2 and np.array_equal(_bits(first), _bits(want)) and np.array_equal(_bits(first_abs), _bits(want_abs))
+    assert np.array_equal(out, x)
+    if T < BUNCH:
+        return  # (an op sums rows this short another way)
+    # And through an op, on its threads: sums along the last axis, the same with the loop and without.
+    ran = []
+    real = _fused.group_sums
+    monkeypatch.setattr(_fused, "group_sums", lambda *a: ran.append(1) or real(*a))
+    got = er.sum(x, axis=1).rounded
+    assert ran
+    monkeypatch.setattr(_fused, "available", lambda: False)
+    assert np.array_equal(got, er.sum(x, axis=1).rounded)
 
 
 @pytest.mark.parametrize("n", [3 * BUNCH + 5, 300_007])
