@@ -51,7 +51,7 @@ def row(label: str, n: int, target: float | None, repeat: int) -> str:
     except ValueError as exc:
         return f"sum float32 n={label}: refused: {exc}"
     ratio = ours / base
-    line = (f"sum float32 n={label}: torch float64 {base * 1e3:8.2f} ms, exact {ours * 1e3:8.1f} ms, "
+    line = (f"sum float32 n={label}: torch float64 {base * 1e3:8.2f} ms, exact {ours * 1e3:8.2f} ms, "
             f"ratio {ratio:6.1f}x")
     if target is not None:
         line += f" (target <= {target:g}x) {'ok' if ratio <= target else 'MISSED'}"
