@@ -738,9 +738,8 @@ def group_sums(block: np.ndarray, out: np.ndarray | None, width: int
     shape) as it is read.  Returns ``(second, second_abs, run)``, the second level's arrays: call
     ``run(r0, r1, c0, c1)`` for the blocks of rows and columns to fill, c0 a multiple of
     ``GROUP * LANES`` (each call writes only its own block's groups, and releases the GIL, so
-    blocks run side by side).  None
-    where it does not apply (numba missing, a small or non-contiguous block, not float32, or
-    ``width`` other than GROUP).
+    blocks run side by side).  None where it does not apply (numba missing, a small or
+    non-contiguous block, not float32, or ``width`` other than GROUP).
 
     Each group sum, at either level, is made of at most ``width`` values added one after another
     from 0.0: at most ``width - 1`` roundings, so it errs by at most gamma_(width-1) of its

@@ -380,11 +380,12 @@ _FUSED_CHUNK = 1 << 17
 # at 4 * 10**6 against 4.42; at 10**7 (full blocks) both 13.0-13.2 ms, and at 10**8 sharing
 # won, 112 ms against 153.  So only full blocks of _SUM_BLOCK values share.
 _FUSED_PARALLEL = _SUM_BLOCK
-# The compiled first level (exactref/_fused.py's group_sums) shares out its blocks in parts of
-# about _LOOP_CHUNK values, from _FUSED_PARALLEL values on too.  Measured on 2 cores, each sum
-# right after torch's float64 sum of the same values, medians of 15 to 101 calls alternating in
-# one process: shared out, 10**6 values took 0.44-0.48 ms against 0.39 serially, 3 * 10**6 values
-# 1.79-1.87 against 1.72-1.76, 10**7 5.8-7.1 ms against 5.7-5.9; 10**8 48-52 ms against 57-60.
+# The compiled first levels (exactref/_fused.py's group_sums) share out their blocks in parts
+# of about _LOOP_CHUNK values, from _FUSED_PARALLEL values on too.  Measured on 2 cores, each
+# whole sum right after torch's float64 sum of the same values, medians of 61 calls alternating
+# in one process, shared out from 2**18 values against serially: 0.22-0.23 against 0.20-0.21 ms
+# at 3 * 10**5 values, 0.33-0.37 against 0.31-0.38 ms at 10**6 (two runs that disagreed), 3.6
+# against 3.5 ms at 10**7; but 48-52 against 57-60 ms at 10**8 (an earlier version of the loop).
 _LOOP_CHUNK = 1 << 18
 _ONES = np.ones(_SUM_WIDTH)
 _ONES32 = np.ones(_SUM_WIDTH, dtype=np.float32)
