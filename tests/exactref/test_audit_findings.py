@@ -146,6 +146,49 @@ def test_attention_backward_where_a_weight_underflows_against_a_huge_dp():
             assert g[name].covers(t.grad).all(), (algorithm, name)
 
 
+def test_attention_backward_where_the_math_paths_scaled_key_underflows_against_a_huge_ds():
+    # The math path multiplies K by sqrt(scale) = 2**-0.25 in float32: the subnormal 2**-149 stays
+    # 2**-149 (0.84 of it rounds up), which is 19% off, and dS ~ 8.5e37 multiplies it in
+    # grad_query = sqrt(s) dS (K sqrt(s)).  Found by `exactref audit` (seed 1884206864).
+    q = torch.zeros(1, 2)
+    k = torch.tensor([[2.0 ** -149, 0.0], [0.0, 0.0]])
+    v = torch.tensor([[0.0], [1.0]])
+    grad = torch.full((1, 1), float.fromhex("0x1.fffffep+127"))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*leaves).backward(grad)
+    got = leaves[0].grad
+    g = er.scaled_dot_product_attention.backward(q, k, v, grad)
+    exact = float(g["grad_query"].rounded[0, 0])
+    assert abs(float(got[0, 0]) / exact - 2 ** -0.25 * 2 ** 0.5) < 1e-6  # (the surprising thing)
+    for name, t in zip(("grad_query", "grad_key", "grad_value"), leaves, strict=True):
+        assert g[name].covers(t.grad).all(), name
+    # k = 2**-126 is normal, but k sqrt(s) is not: a kernel that flushes subnormals to zero (as
+    # float32 on a GPU may) multiplies dS by 0 there, and returns 0 where the exact value is -0.71.
+    k_ftz = torch.tensor([[2.0 ** -126, 0.0], [0.0, 0.0]])
+    g_ftz = er.scaled_dot_product_attention.backward(q, k_ftz, v, grad)
+    assert g_ftz["grad_query"].rounded[0, 0] < -0.7
+    assert g_ftz["grad_query"].covers(np.zeros((1, 2), np.float32)).all()
+    # Its twin, with k a normal number: nothing underflows, and the same 19% is rejected.
+    k2 = torch.tensor([[2.0 ** -100, 0.0], [0.0, 0.0]])
+    g2 = er.scaled_dot_product_attention.backward(q, k2, v, grad)
+    off = g2["grad_query"].rounded.copy()
+    off[0, 0] = np.float32(off[0, 0] * 2 ** 0.25)
+    assert off[0, 0] != 0 and not g2["grad_query"].covers(off)[0, 0]
+
+
+def test_attention_backward_whose_bounds_have_no_finite_value_keeps_them_infinite():
+    # A subnormal v and a zero grad: the bound on |dS~| is not finite here, and the underflow term
+    # of the scaled operands (the test above) must not turn E into NaN, which accepts nothing.
+    q, k, grad = (torch.zeros(1, 1, dtype=torch.float64) for _ in range(3))
+    v = torch.full((1, 1), 5e-324, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*leaves).backward(grad)
+    g = er.scaled_dot_product_attention.backward(q, k, v, grad)
+    for name, t in zip(("grad_query", "grad_key", "grad_value"), leaves, strict=True):
+        assert not np.isnan(g[name].tolerance).any(), name
+        assert g[name].covers(t.grad).all(), name
+
+
 def test_float64_attention_beside_a_key_whose_logit_is_huge():
     # Key 1's logit, -1.75 * 2**49, underflows its weight to 0, but its float64 rounding bound is
     # a third of a nat: the first pass's row-wise weight bound went negative, so the weights' upper

@@ -39,6 +39,16 @@ roundoff u:
    kernel's |dS~| (the model's |dS| + e_S, or the cap's, the smaller) can
    reach it, inf and NaN are accepted; the finite tolerance is kept, since
    a dS that does not overflow leaves the bounds above as they are.
+6. the math path's scaled operands: PyTorch's math path multiplies Q and K
+   by sqrt(s) in acc before the logits' product, and in its backward
+   grad_query = sqrt(s) dS~ (K sqrt(s))~ (grad_key likewise with Q).  The
+   relative errors of those roundings are in gamma_{E+4} and the depth's
+   six, but an element that underflows is off by up to eta absolutely,
+   times |dS~|, which may be huge: each element of grad_query gains
+   (1 + gamma_depth) sqrt(s) eta sum_j |dS~_ij| (sum_i for grad_key), with
+   |dS~| bounded by |dS| + e_S, or by the kernel bound of the caps where
+   that is not finite.  The term holds for the caps too, so it is added
+   after them.  (In the forward, delta's eta term pays for it.)
 """
 
 from __future__ import annotations
@@ -387,6 +397,22 @@ def _rank_one_bound(X: np.ndarray, axis: int, absY: np.ndarray, scale: float, co
     return np.where(np.isnan(out), np.inf, out)
 
 
+def _dS_row_sums(fp: FirstPass, wts: _Weights, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray,
+                 axis: int, cop: np.ndarray, dS_bound: np.ndarray) -> np.ndarray:
+    """Upper bounds on a kernel's sum_j |dS~_ij| (grad_query's, ``axis`` -1) or sum_i |dS~_ij|
+    (grad_key's, -2) over every copy of the gradient's head, as a column: from ``dS_bound`` =
+    |dS| + e_S, and where that is not finite (no relative bound on the weights), from the bound
+    on what a finite computation gives (_caps.ds_kernel_bound).  The float64 sums of nonnegative
+    terms are raised by 2 gamma_n, as _rank_one_bound's."""
+    if not np.all(np.isfinite(dS_bound)):
+        dS_bound = np.where(np.isfinite(dS_bound), dS_bound, ds_kernel_bound(fp, wts, model, fmt, E_fwd))
+    g = _g(dS_bound.shape[axis] * cop.shape[1], 2.0 ** -53)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rows = np.sum(dS_bound, axis=axis)[cop].sum(axis=1)  # (own heads, rows of the gradient)
+        rows = up(rows * (1 + 2 * g))
+    return np.where(np.isnan(rows), np.inf, rows)[..., None]  # (NaN: no bound)
+
+
 def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray,
                        which: str) -> tuple[np.ndarray, np.ndarray]:
     """E and the overflow marks of one gradient (in its operand's own batch), under ``model``.
@@ -440,13 +466,14 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
 
             def exact_bound() -> np.ndarray:
                 return s * matmul_up(Xd, absY, of=np.add, more=(Xe,))
-            sums = (dS_up + e_S, -1 if which == "query" else -2, absY, s)
+            axis = -1 if which == "query" else -2  # (the keys, or the query rows, of dS)
+            sums = (dS_up + e_S, axis, absY, s)
             needed = wts.prescaled or (model.blocks_in_output_format and half)
             bound = exact_bound() if needed else None
+            rowsum = _dS_row_sums(fp, wts, model, fmt, E_fwd, axis, cop, sums[0])
             if wts.prescaled:
                 # The rounded pre-scaled operand multiplies dS too: u_in of each term, and its
                 # underflow eta_in / 2 times |dS| (item 4 above; c's rounding is in the depth's 6).
-                rowsum = np.sum(X(dS_up + e_S, cop), axis=-1)[..., None]
                 E = E + (1 + gd) * (wts.u_in * bound + wts.eta_in * rowsum)
             if model.blocks_in_output_format and half:
                 E = E + _g(blocks, u_o) * (bound + E)
@@ -471,6 +498,10 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
                 cap = backward_cap(fp, wts, model, fmt, E_fwd, which, depth, blocks)
         if bound is not None and cap is not None:
             bound = np.fmin(bound, cap)
+        if which != "value":
+            # Item 6 above: the math path's operand scaled by sqrt(s) may underflow.  The cap's
+            # bound on the kernel's result needs the term as much as E does, so it comes after.
+            E = up(E + up((1 + gd) * math.sqrt(s) * eta * rowsum * _SLACK))
         overflow = np.broadcast_to(head_big[cop].any(axis=1)[:, None, None], E.shape)
         overflow = overflow.copy() if bound is None else (bound + E >= big) | overflow
         if ds_over is not None and which != "value":
