@@ -4,8 +4,8 @@ Each row times exactref's forward plus backward of seeded inputs (q, k, v
 and the output gradient drawn as ``torch.randn(B, H, L, E)`` in that order
 from ``torch.Generator().manual_seed(seed)``) and PyTorch's float64 math path
 forward plus backward of the same values, each run of one right before a run
-of the other, and prints their medians, the ratio and the target (issue 12).  No thread variable is set: the thread
-pools run as a user's would.
+of the other, and prints their medians, the ratio and the target (issue
+12).  No thread variable is set: the thread pools run as a user's would.
 
     python benchmarks/bench_attention.py [--only NAME ...] [--repeat N]
     python benchmarks/bench_attention.py --shape B H L E [--dtype float32] [--causal]

@@ -48,7 +48,8 @@ roundoff u:
    (1 + gamma_depth) sqrt(s) eta sum_j |dS~_ij| (sum_i for grad_key), with
    |dS~| bounded by |dS| + e_S, or by the kernel bound of the caps where
    that is not finite.  The term holds for the caps too, so it is added
-   after them.  (In the forward, delta's eta term pays for it.)
+   after them.  Every class gets it (negligible unless |dS| is huge); in
+   the forward, delta's eta term pays for the same underflows.
 """
 
 from __future__ import annotations
