@@ -3,9 +3,9 @@
 Each row times exactref's forward plus backward of seeded inputs (q, k, v
 and the output gradient drawn as ``torch.randn(B, H, L, E)`` in that order
 from ``torch.Generator().manual_seed(seed)``) and PyTorch's float64 math path
-forward plus backward of the same values, each run of one right before a run
-of the other, and prints their medians, the ratio and the target (issue
-12).  No thread variable is set: the thread pools run as a user's would.
+forward plus backward of the same values, and prints their medians, the
+ratio and the target (issue 12).  No thread variable is set: the thread
+pools run as a user's would.
 
     python benchmarks/bench_attention.py [--only NAME ...] [--repeat N]
     python benchmarks/bench_attention.py --shape B H L E [--dtype float32] [--causal]
@@ -116,28 +116,18 @@ def run_row(row: Row, repeat: int, seed: int, warm: bool, cpu: bool = False) -> 
         forward()
         backward()
 
+    t_torch = statistics.median(_times(torch_math, max(repeat, 3), True))
     label = f"{row.name:5s} {row.dtype:8s} {'x'.join(map(str, row.shape))}{' causal' if row.causal else ''}"
-    # Interleaved: each torch run right before an exactref one, so that the machine's load hits
-    # both alike.  (Torch's own time still differs between rows: 169-176 ms in the f32 row and
-    # 103-105 ms in the cliff row, on the same inputs, in two runs of this file.)
-    torch_math()  # (first calls allocate and load libraries)
-    if warm and not row.split:
-        both()
-    t_torch, tf, tb = [], [], []
-    for _ in range(max(repeat, 3)):
-        t_torch += _times(torch_math, 1, False)
-        if row.split:
+    if row.split:
+        tf, tb = [], []
+        for _ in range(repeat):
             tf += _times(forward, 1, False)
             tb += _times(backward, 1, False)
-        else:
-            tf += _times(both, 1, False)
-    t_torch = statistics.median(t_torch)
-    if row.split:
         t_f, t_b = statistics.median(tf), statistics.median(tb)
         t_exact = t_f + t_b
         detail = f" (forward {t_f:.2f} s, backward {t_b:.2f} s)"
     else:
-        t_exact = statistics.median(tf)
+        t_exact = statistics.median(_times(both, repeat, warm))
         detail = ""
     ratio = t_exact / t_torch
     goal = f"target <= {row.target[:-1]} s" if row.target.endswith("s") else f"target <= {row.target}"
