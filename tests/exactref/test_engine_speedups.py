@@ -106,7 +106,7 @@ def test_decide_float64_matches_its_definition(kind: int) -> None:
 @pytest.fixture
 def numpy_first_level(monkeypatch: pytest.MonkeyPatch) -> None:
     """fast._first_level's numpy code, as without numba (the compiled loop that takes its place
-    where numba is present is tested in tests/exactref/test_fused.py)."""
+    where numba is present is tested in tests/exactref/test_fused_sums.py)."""
     monkeypatch.setattr(_fused, "available", lambda: False)
 
 
