@@ -32,8 +32,10 @@ output run side by side (exactref/_parallel.py).
 numba is optional (exactref[fast]): without it (:func:`available` is
 False), or for a block of fewer than MIN_SIZE elements, where a call's fixed
 cost would count, the numpy code runs, so a small op never loads numba.
-The first large op of a process loads numba and the loops, about a second;
-the machine code is kept on disk (numba's cache) for later processes.
+The first process to run the loops compiles them (3.6 s for all of them, on
+2 cores) and keeps the machine code on disk (numba's cache); a later
+process loads numba and the loops in about 0.4 s (see _BITS for what keeps
+the cache working).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ __all__ = ["available", "decide_float64", "decide_narrow", "decides", "group_sum
 
 # Elements below which a block keeps the numpy code.  There the loops gain microseconds (a
 # float32 judgement of 4096 elements took 26 us against numpy's 41), and a smaller threshold would
-# have small ops load numba, about a second once per process.
+# have small ops load numba, about 0.4 s once per process.
 MIN_SIZE = 1 << 12
 
 
@@ -69,6 +71,19 @@ def available() -> bool:
 
     _threads.rescan()
     return True
+
+
+# The compiled helpers that the loops call, set when first built.  A loop names them as globals of
+# this module, not as variables of its factory's closure: numba's disk cache misses a function
+# whose closure holds another compiled function, in every process, and then compiles it again
+# (1.7 s for group_sums' loop) and adds one more entry to the cache.
+_BITS: Any = None
+_FROM_BITS: Any = None
+_OUTWARD: Any = None
+_ROUND_BITS: Any = None
+_SLACKENED: Any = None
+_FINISH: Any = None
+_SECOND_LEVEL: Any = None
 
 
 def _plain(*arrays: Any) -> bool:
@@ -124,6 +139,8 @@ def _outward() -> Callable[..., tuple[float, float]]:
         high = hi + w
         return low - ((abs(low) + w) * rel + absolute), high + ((abs(high) + w) * rel + absolute)
 
+    global _OUTWARD
+    _OUTWARD = outward
     return outward
 
 
@@ -133,15 +150,15 @@ def _round_bits() -> Callable[..., tuple[float, bool]]:
     significant bits, whether x is outside the range where that holds).  ``f`` is the format's
     (53 - p, the bits of its smallest normal value, its largest finite value): see
     :func:`_bits_format`.  An element outside is left to the numpy code."""
-    bits, from_bits = _bitcasts()
+    _bitcasts()  # (the helpers it calls: see _BITS)
 
     @_jit()
     def round_bits(x, f):
         d, normal_bits, max_finite = f
-        b = bits(x)
+        b = _BITS(x)
         # Round to nearest, ties to even, by adding half a unit of the last kept bit less one, plus
         # that bit, and clearing the d bits below it (int64 arithmetic: the same bits as uint64's).
-        r = from_bits((b + ((b >> d) & 1) + ((1 << (d - 1)) - 1)) & -(1 << d))
+        r = _FROM_BITS((b + ((b >> d) & 1) + ((1 << (d - 1)) - 1)) & -(1 << d))
         mag = b & 0x7FFFFFFFFFFFFFFF
         # Outside: below the smallest normal value (not 0), where the quantum is the smallest
         # subnormal's; and a result past the largest finite value, which is where every value too
@@ -149,6 +166,8 @@ def _round_bits() -> Callable[..., tuple[float, bool]]:
         odd = ~((mag == 0) | (mag >= normal_bits)) | ~(abs(r) <= max_finite)
         return r, odd
 
+    global _ROUND_BITS
+    _ROUND_BITS = round_bits
     return round_bits
 
 
@@ -162,8 +181,7 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
     """The loops of :func:`judge_into`: float32's, float64's and the narrower formats' (each returning
     how many elements another must redo), and float64's general one, for the elements its bit trick
     does not cover."""
-    bits, from_bits = _bitcasts()
-    outward = _outward()
+    _bitcasts(), _outward(), _round_bits()  # (the helpers the loops call: see _BITS)
     inf = np.inf
     big = float(np.finfo(np.float64).max)
     jit = _jit()
@@ -197,15 +215,18 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
         out_nan[i] = False
         out_special[i] = sp
 
+    global _SLACKENED, _FINISH
+    _SLACKENED, _FINISH = slackened, finish
+
     @jit
     def float32(c, E, x_lo, x_hi, rounded, special, rare, *outs):
         for i in range(E.size):
-            e = slackened(E[i], c)
+            e = _SLACKENED(E[i], c)
             xl = x_lo[i]
             xh = x_hi[i]
             # result._ends: below(x_lo - E, E) and above(x_hi + E, E), rounded to float32.
-            la, ha = outward(xl, xh, e, c[1], c[2])
-            finish(c, i, e, np.float64(np.float32(la)), np.float64(np.float32(ha)), xl, xh, rounded[i], special,
+            la, ha = _OUTWARD(xl, xh, e, c[1], c[2])
+            _FINISH(c, i, e, np.float64(np.float32(la)), np.float64(np.float32(ha)), xl, xh, rounded[i], special,
                    *outs)
         return 0
 
@@ -213,24 +234,22 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
     def float64(c, E, x_lo, x_hi, rounded, special, rare, *outs):
         count = 0
         for i in range(E.size):
-            e = slackened(E[i], c)
+            e = _SLACKENED(E[i], c)
             xl = x_lo[i]
             xh = x_hi[i]
             # next_down(x_lo - E) and next_up(x_hi + E) from the bits, as rounding._step does: -0 and +0
             # made the side's zero, then one unit toward -inf (or +inf).  Right for finite values.
             la = -(0.0 - (xl - e))
             ha = (xh + e) + 0.0
-            bl = bits(la)
-            bh = bits(ha)
-            low = from_bits(bl - ((bl >> 63) | 1))
-            high = from_bits(bh + ((bh >> 63) | 1))
+            bl = _BITS(la)
+            bh = _BITS(ha)
+            low = _FROM_BITS(bl - ((bl >> 63) | 1))
+            high = _FROM_BITS(bh + ((bh >> 63) | 1))
             odd = (~(abs(la) <= big)) | (~(abs(ha) <= big))  # inf or NaN: the general loop's
             rare[i] = odd
             count += odd
-            finish(c, i, e, low, high, xl, xh, rounded[i], special, *outs)
+            _FINISH(c, i, e, low, high, xl, xh, rounded[i], special, *outs)
         return count
-
-    round_bits = _round_bits()
 
     @jit
     def half(c, f, E, x_lo, x_hi, rounded, special, rare, *outs):
@@ -238,25 +257,25 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
         # end outside the trick's range marks its element for the numpy code.
         count = 0
         for i in range(E.size):
-            e = slackened(E[i], c)
+            e = _SLACKENED(E[i], c)
             xl = x_lo[i]
             xh = x_hi[i]
-            la, ha = outward(xl, xh, e, c[1], c[2])
-            low, odd_low = round_bits(la, f)
-            high, odd_high = round_bits(ha, f)
+            la, ha = _OUTWARD(xl, xh, e, c[1], c[2])
+            low, odd_low = _ROUND_BITS(la, f)
+            high, odd_high = _ROUND_BITS(ha, f)
             odd = odd_low | odd_high
             rare[i] = odd
             count += odd
-            finish(c, i, e, low, high, xl, xh, rounded[i], special, *outs)
+            _FINISH(c, i, e, low, high, xl, xh, rounded[i], special, *outs)
         return count
 
     @jit
     def general(c, E, x_lo, x_hi, rounded, special, rare, *outs):
         for i in np.flatnonzero(rare):
-            e = slackened(E[i], c)
+            e = _SLACKENED(E[i], c)
             xl = x_lo[i]
             xh = x_hi[i]
-            finish(c, i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i], special,
+            _FINISH(c, i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i], special,
                    *outs)
 
     return float32, float64, half, general
@@ -334,8 +353,7 @@ def judge_into(fmt: Any, E: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, roun
 def _decide_narrow_loops() -> tuple[Callable[..., None], Callable[..., int]]:
     """The loops of :func:`decide_narrow`: float32's (numpy's cast) and the narrower formats' (by
     their bits, returning how many elements the numpy code must redo)."""
-    outward = _outward()
-    round_bits = _round_bits()
+    _outward(), _round_bits()  # (the helpers the loops call: see _BITS)
     jit = _jit()
 
     @jit
@@ -343,7 +361,7 @@ def _decide_narrow_loops() -> tuple[Callable[..., None], Callable[..., int]]:
         for i in range(hi.size):
             h = hi[i]
             # engine.sumprod._bounds_lo_zero: hi -+ rad, each moved out by its slack.
-            low, high = outward(h, h, rad[i], c[0], c[1])
+            low, high = _OUTWARD(h, h, rad[i], c[0], c[1])
             # engine.sumprod._decide_narrow: both ends cast to float32 alike (equal bits: equal
             # values, as -0 and +0 are only where the sign test fails), and of one sign.
             r_low = np.float32(low)
@@ -359,9 +377,9 @@ def _decide_narrow_loops() -> tuple[Callable[..., None], Callable[..., int]]:
         count = 0
         for i in range(hi.size):
             h = hi[i]
-            low, high = outward(h, h, rad[i], c[0], c[1])
-            r_low, odd_low = round_bits(low, f)
-            r_high, odd_high = round_bits(high, f)
+            low, high = _OUTWARD(h, h, rad[i], c[0], c[1])
+            r_low, odd_low = _ROUND_BITS(low, f)
+            r_high, odd_high = _ROUND_BITS(high, f)
             odd = odd_low | odd_high
             rounded[i] = r_high
             x_lo[i] = low
@@ -422,6 +440,8 @@ def _bitcasts() -> tuple[Callable[..., Any], Callable[..., Any]]:
             return builder.bitcast(args[0], ir.DoubleType())
         return types.float64(types.int64), codegen
 
+    global _BITS, _FROM_BITS
+    _BITS, _FROM_BITS = bits, from_bits
     return bits, from_bits
 
 
@@ -432,7 +452,7 @@ def _decide_float64_loop() -> Callable[..., None]:
     exponent's bits, the neighbours of powers of two), fixed in the machine code."""
     from .engine import sumprod as sp
 
-    bits, from_bits = _bitcasts()
+    _bitcasts()  # (the helpers the loop calls: see _BITS)
     inf = np.inf
     f64_max = float(np.finfo(np.float64).max)
     exp_bits, mant_bits, low_bits, high_bits = sp._EXP_BITS, sp._MANT_BITS, sp._COMMON_LOW, sp._COMMON_HIGH
@@ -451,11 +471,11 @@ def _decide_float64_loop() -> Callable[..., None]:
             r = rad[i]
             s = h + lw
             e = (h - s) + lw  # exact where |hi| >= |lo|, required below
-            b = bits(s)
+            b = _BITS(s)
             ulp_b = b & exp_bits  # |s| rounded down to a power of two, for a normal s
             usual = (ulp_b >= low_bits) & (ulp_b <= high_bits) & ((b & mant_bits) != 0)
             usable = (abs(h) >= abs(lw)) & usual
-            ulp = from_bits(ulp_b) * 2.0 ** -52
+            ulp = _FROM_BITS(ulp_b) * 2.0 ** -52
             w_hi = e + r
             w_lo = e - r
             t = ulp * below_one
@@ -485,7 +505,7 @@ def _decide_float64_loop() -> Callable[..., None]:
             r = rad[i]
             s = h + lw
             e = (h - s) + lw
-            b = bits(s)
+            b = _BITS(s)
             ulp_b = b & exp_bits
             if (ulp_b >= low_bits) & (ulp_b <= high_bits) & ((b & mant_bits) != 0):
                 # Loose in the common case: the enclosure's own bounds, tight=True.
@@ -676,11 +696,14 @@ def _group_sums_loop() -> Callable[..., None]:
             f[k + h] = t
             fa[k + h] = t_abs
 
+    global _SECOND_LEVEL
+    _SECOND_LEVEL = second
+
     @_jit()
     def loop(x, out, copy, r0, r1, c0, c1, first, first_abs):
         # Each group's values added in float64 one after another from 0.0 (the first addition
-        # exact), and their absolute values; then those sums, by second(), into first and
-        # first_abs; x's rows r0..r1 and columns c0..c1 (c0 at a bunch's start) copied into out
+        # exact), and their absolute values; then those sums, by second() (_SECOND_LEVEL), into
+        # first and first_abs; x's rows r0..r1 and columns c0..c1 (c0 at a bunch's start) copied into out
         # where ``copy``.
         bunch = width * lanes
         T = x.shape[1]
@@ -707,7 +730,7 @@ def _group_sums_loop() -> Callable[..., None]:
                     os = orow[b0:b0 + bunch]
                     for t in range(bunch):
                         os[t] = xs[t]
-                second(s, a, lanes, f, fa, b0 // (width * width))
+                _SECOND_LEVEL(s, a, lanes, f, fa, b0 // (width * width))
             b0 = c0 + full * bunch
             n = end - b0
             if n > 0:
@@ -725,7 +748,7 @@ def _group_sums_loop() -> Callable[..., None]:
                             a[j] += abs(v)
                 if copy:
                     orow[b0:end] = xr[b0:end]
-                second(s, a, cols, f, fa, b0 // (width * width))
+                _SECOND_LEVEL(s, a, cols, f, fa, b0 // (width * width))
 
     return loop
 

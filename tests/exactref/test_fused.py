@@ -9,6 +9,10 @@ without them.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -314,3 +318,32 @@ def test_without_numba_the_numpy_code_runs(monkeypatch) -> None:
     rng = np.random.default_rng(1)
     A, B = (er.asarray(rng.standard_normal((300, 300)), "float32") for _ in range(2))
     assert er.matmul(A, B).covers((A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32)).all()
+
+
+_EVERY_LOOP = """
+import ml_dtypes
+import numpy as np
+import exactref as er
+rng = np.random.default_rng(0)
+for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
+    A, B = (rng.standard_normal((256, 256)).astype(dtype) for _ in range(2))
+    res = er.matmul(A, B)
+    res.rounded
+    res.backward(np.ones((256, 256), dtype))
+er.sum(rng.standard_normal(10 ** 6).astype(np.float32))
+"""
+
+
+def test_a_later_process_loads_every_loop_from_numbas_disk_cache(tmp_path) -> None:
+    # A loop whose closure held another compiled function missed numba's disk cache in every
+    # process: it was compiled again (about 1.7 s for the sum's) and one more entry was written.
+    # The ops here run every loop; a second process must find them all and write nothing.
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def run() -> list[str]:
+        subprocess.run([sys.executable, "-c", _EVERY_LOOP], env=env, check=True, timeout=600)
+        return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    first = run()
+    names = {p.rsplit("-", 1)[0] for p in first if p.endswith(".nbi")}
+    assert len(names) >= 10, names  # (the loops ran, and were cached)
+    assert run() == first
