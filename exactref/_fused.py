@@ -226,8 +226,8 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
             xh = x_hi[i]
             # result._ends: below(x_lo - E, E) and above(x_hi + E, E), rounded to float32.
             la, ha = _OUTWARD(xl, xh, e, c[1], c[2])
-            _FINISH(c, i, e, np.float64(np.float32(la)), np.float64(np.float32(ha)), xl, xh, rounded[i], special,
-                   *outs)
+            _FINISH(c, i, e, np.float64(np.float32(la)), np.float64(np.float32(ha)), xl, xh, rounded[i],
+                    special, *outs)
         return 0
 
     @jit
@@ -275,8 +275,8 @@ def _judge_loops() -> tuple[Callable[..., int], Callable[..., int], Callable[...
             e = _SLACKENED(E[i], c)
             xl = x_lo[i]
             xh = x_hi[i]
-            _FINISH(c, i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i], special,
-                   *outs)
+            _FINISH(c, i, e, np.nextafter(xl - e, -inf), np.nextafter(xh + e, inf), xl, xh, rounded[i],
+                    special, *outs)
 
     return float32, float64, half, general
 
