@@ -86,15 +86,19 @@ _FINISH: Any = None
 _SECOND_LEVEL: Any = None
 
 
-def _plain(*arrays: Any) -> bool:
-    """Whether the loops take these arrays as they are: large enough to pay for the call (the size
-    is tested first, so a small op never imports numba), numba present, and C-contiguous float64
-    arrays of one shape."""
+def _plain(*arrays: Any, dtype: Any = np.float64) -> bool:
+    """Whether the loops take these arrays as they are: large enough to pay for the call, C-contiguous
+    arrays of one shape and of ``dtype``, and numba present (tested last, so that an op whose
+    arrays the loops would not take never imports numba)."""
     first = arrays[0]
-    if type(first) is not np.ndarray or first.size < MIN_SIZE or not available():
+    if type(first) is not np.ndarray or first.size < MIN_SIZE:
         return False
-    return all(type(a) is np.ndarray and a.shape == first.shape and a.dtype == np.float64 and a.flags.c_contiguous
-               for a in arrays)
+    return all(_laid_out(a, first.shape, dtype) for a in arrays) and available()
+
+
+def _laid_out(a: Any, shape: tuple[int, ...], dtype: Any) -> bool:
+    """Whether ``a`` is a C-contiguous numpy array of this shape and dtype."""
+    return type(a) is np.ndarray and a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
 
 
 def _judge_constants() -> tuple[float, float, float]:
@@ -318,8 +322,7 @@ def judge_into(fmt: Any, E: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, roun
     shape = rounded.shape
     if not _plain(rounded, E, x_lo, x_hi):
         return False
-    if overflow is not None and (type(overflow) is not np.ndarray or overflow.shape != shape
-                                 or overflow.dtype != np.bool_ or not overflow.flags.c_contiguous):
+    if overflow is not None and not _laid_out(overflow, shape, np.bool_):
         return False
     dst = {name: a[place] for name, a in out.items()}
     if any(a.shape != shape or not a.flags.c_contiguous for a in dst.values()):
@@ -598,8 +601,7 @@ def widen_float32(S32: np.ndarray, scale: float, add: float, g: float) -> tuple[
     """``S = up(S32 * scale + add)`` in float64 (S32 a float32 product of |A| and |B|) and
     ``up(g * S)``, by one compiled loop: engine.products' bound on |A| @ |B| and a narrow
     product's radius; None where it does not apply (numba missing, a small or non-contiguous S32)."""
-    if (type(S32) is not np.ndarray or S32.size < MIN_SIZE or S32.dtype != np.float32 or not S32.flags.c_contiguous
-            or not available()):
+    if not _plain(S32, dtype=np.float32):
         return None
     S, rad = np.empty(S32.shape), np.empty(S32.shape)
     _widen_float32_loop()(_up_constants(), S32.reshape(-1), float(scale), float(add), float(g), S.reshape(-1),
@@ -769,10 +771,8 @@ def group_sums(block: np.ndarray, out: np.ndarray | None, width: int
     absolute sum (engine.fast's bound for a level's group added in any order), and so does each
     sum of absolute values.  Which values form a group differs from the numpy code's (see LANES):
     the sums are the same to within those bounds, not bit for bit."""
-    if (type(block) is not np.ndarray or block.ndim != 2 or block.size < MIN_SIZE or block.dtype != np.float32
-            or not block.flags.c_contiguous or width != GROUP or not available()):
-        return None
-    if out is not None and not (out.shape == block.shape and out.dtype == block.dtype and out.flags.c_contiguous):
+    arrays = (block,) if out is None else (block, out)
+    if width != GROUP or np.ndim(block) != 2 or not _plain(*arrays, dtype=np.float32):
         return None
     rows, T = block.shape
     m = -(-T // (width * width))

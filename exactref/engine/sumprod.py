@@ -398,15 +398,11 @@ def _decide(enc: fast.Enclosure, fmt: Format) -> tuple[np.ndarray, np.ndarray, n
     # (The same values by one compiled loop where it applies: exactref/_fused.py.)
     if fmt.p == 53:
         fused = _fused.decide_float64(enc.hi, enc.lo, enc.rad)
-        if fused is not None:
-            rounded, x_lo, x_hi, decided = fused
-            return rounded, x_lo, x_hi, decided
-        return _decide_float64(enc.hi, enc.lo, enc.rad)
+        return fused if fused is not None else _decide_float64(enc.hi, enc.lo, enc.rad)
     if enc.lo_zero and _fused.decides(fmt):
         fused = _fused.decide_narrow(enc.hi, enc.rad, fmt)
         if fused is not None:
-            rounded, x_lo, x_hi, decided = fused
-            return rounded, x_lo, x_hi, decided
+            return fused
     x_lo, x_hi = _bounds_lo_zero(enc.hi, enc.rad) if enc.lo_zero else enclosure_bounds(enc.hi, enc.lo, enc.rad)
     rounded, decided = _decide_narrow(x_lo, x_hi, fmt)
     return rounded, x_lo, x_hi, decided
