@@ -383,34 +383,36 @@ def _qk_cap_cannot_bind(fp: FirstPass, wts: _Weights, model: AttentionTolerance,
     return answer
 
 
-def _rank_one_bound(X: np.ndarray, axis: int, absY: np.ndarray, scale: float, cop: np.ndarray,
-                    n: int) -> np.ndarray:
-    """An upper bound on ``scale * matmul_up(X', absY)`` for the gradient's concatenation X' of the
-    (H, L, S) array X over its copies ``cop``, summing over ``axis`` of X (n terms): each element
-    is at most its row's sum of X' times its column's largest |Y|, and matmul_up's own roundings
-    (about 2 gamma_n, and 2 n TINY) and the sums' are paid for."""
+def _copy_row_sums(X: np.ndarray, axis: int, cop: np.ndarray, n: int) -> np.ndarray:
+    """Each row's sum of the gradient's concatenation X' of the (H, L, S) array X over its copies
+    ``cop``, summing over ``axis`` of X (n terms), raised by 2 gamma_n for its float64 rounding
+    (the terms are nonnegative): (own heads, rows of the gradient)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return up(np.sum(X, axis=axis)[cop].sum(axis=1) * (1 + 2 * _g(n, 2.0 ** -53)))
+
+
+def _rank_one_bound(rows: np.ndarray, absY: np.ndarray, scale: float, n: int) -> np.ndarray:
+    """An upper bound on ``scale * matmul_up(X', absY)``, with ``rows`` X''s :func:`_copy_row_sums`:
+    each element is at most its row's sum of X' times its column's largest |Y|, and matmul_up's own
+    roundings (about 2 gamma_n, and 2 n TINY) are paid for."""
     g = _g(n, 2.0 ** -53)
     with np.errstate(over="ignore", invalid="ignore"):
-        rows = np.sum(X, axis=axis)[cop].sum(axis=1)  # (own heads, rows of the gradient)
-        rows = up(rows * (1 + 2 * g))
         cols = np.max(absY, axis=-2, initial=0.0)  # (own heads, columns)
         out = up((rows[..., :, None] * cols[..., None, :] * (1 + 4 * g + 2.0 ** -48) + 4 * n * TINY) * scale)
     return np.where(np.isnan(out), np.inf, out)
 
 
 def _dS_row_sums(fp: FirstPass, wts: _Weights, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray,
-                 axis: int, cop: np.ndarray, dS_bound: np.ndarray) -> np.ndarray:
-    """Upper bounds on a kernel's sum_j |dS~_ij| (grad_query's, ``axis`` -1) or sum_i |dS~_ij|
-    (grad_key's, -2) over every copy of the gradient's head, as a column: from ``dS_bound`` =
-    |dS| + e_S, and where that is not finite (no relative bound on the weights), from the bound
-    on what a finite computation gives (_caps.ds_kernel_bound).  The float64 sums of nonnegative
-    terms are raised by 2 gamma_n, as _rank_one_bound's."""
-    if not np.all(np.isfinite(dS_bound)):
+                 sums: tuple[np.ndarray, int], rows: np.ndarray, cop: np.ndarray, n: int) -> np.ndarray:
+    """Upper bounds on a kernel's sum_j |dS~_ij| (grad_query's, axis -1 of ``sums``) or sum_i
+    |dS~_ij| (grad_key's, -2) over every copy of the gradient's head, as a column: ``rows``, the
+    :func:`_copy_row_sums` of ``sums`` (|dS| + e_S and its axis), where finite; where |dS| + e_S
+    is not (no relative bound on the weights), from the bound on what a finite computation gives
+    (_caps.ds_kernel_bound) in its place."""
+    dS_bound, axis = sums
+    if not np.all(np.isfinite(rows)):
         dS_bound = np.where(np.isfinite(dS_bound), dS_bound, ds_kernel_bound(fp, wts, model, fmt, E_fwd))
-    g = _g(dS_bound.shape[axis] * cop.shape[1], 2.0 ** -53)
-    with np.errstate(over="ignore", invalid="ignore"):
-        rows = np.sum(dS_bound, axis=axis)[cop].sum(axis=1)  # (own heads, rows of the gradient)
-        rows = up(rows * (1 + 2 * g))
+        rows = _copy_row_sums(dS_bound, axis, cop, n)
     return np.where(np.isnan(rows), np.inf, rows)[..., None]  # (NaN: no bound)
 
 
@@ -432,6 +434,7 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
     big = wts.acc.max_finite / 2
     cop = pb.copies(which)
     n_own, c = cop.shape
+    n = c * (L if which in ("key", "value") else S)  # the terms of each gradient element's sum
     with np.errstate(over="ignore", invalid="ignore"):
         if which == "value":
             u_p = u_o if (model.weights_in_input_format and half) else 0.0
@@ -467,11 +470,11 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
 
             def exact_bound() -> np.ndarray:
                 return s * matmul_up(Xd, absY, of=np.add, more=(Xe,))
-            axis = -1 if which == "query" else -2  # (the keys, or the query rows, of dS)
-            sums = (dS_up + e_S, axis, absY, s)
+            sums = (dS_up + e_S, -1 if which == "query" else -2, absY, s)  # (summed over dS's keys, or rows)
+            row_sums = _copy_row_sums(*sums[:2], cop, n)
             needed = wts.prescaled or (model.blocks_in_output_format and half)
             bound = exact_bound() if needed else None
-            rowsum = _dS_row_sums(fp, wts, model, fmt, E_fwd, axis, cop, sums[0])
+            rowsum = _dS_row_sums(fp, wts, model, fmt, E_fwd, sums[:2], row_sums, cop, n)
             if wts.prescaled:
                 # The rounded pre-scaled operand multiplies dS too: u_in of each term, and its
                 # underflow eta_in / 2 times |dS| (item 4 above; c's rounding is in the depth's 6).
@@ -482,7 +485,6 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
         E = np.where(np.isfinite(E), E, np.inf)
         # What a finite computation can produce bounds E where the weights' relative bound fails;
         # where that provably never happens, the cap is not computed (the same E and bound).
-        n = c * (L if which in ("key", "value") else S)
         skip = (np.all(E < np.inf) and (bound is None or np.all(bound < np.inf))
                 and (_qk_cap_cannot_bind(fp, wts, model, fmt, E_fwd, e_S, dS_up) if which != "value" else
                      cap_cannot_bind(fp, wts, model, fmt, which, (gd, gd), n, grow=grow, eta_p=eta_p,
@@ -492,7 +494,9 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             E = np.fmin(E, cap)
         # The bound on the sum of |terms| matters only for the overflow marks: where a rank-one
         # bound on it keeps every element below the overflow, its product is not made.
-        if bound is None and not np.all(_rank_one_bound(*sums, cop, n) + E < big):
+        if bound is None and which == "value":
+            row_sums = _copy_row_sums(*sums[:2], cop, n)
+        if bound is None and not np.all(_rank_one_bound(row_sums, *sums[2:], n) + E < big):
             bound = exact_bound()
             if skip and not np.all(bound < np.inf):
                 # (cap_cannot_bind's min(bound, cap) = bound needs bound finite.)
