@@ -31,7 +31,7 @@ the exact matmul makes, in the engine's blocks on its threads: the floor of
 this design (two products for float32 and narrower, seven for float64).
 
 Run: python benchmarks/bench_matmul.py [--only float64] [--repeat N] [--sizes 512,1024] [--floor]
-     [--no-blas-limit] [--no-malloc-hold] [--no-loops]
+     [--no-blas-limit] [--no-malloc-hold] [--no-openmp-release] [--no-loops]
 """
 
 from __future__ import annotations
@@ -156,6 +156,8 @@ def main() -> None:
     parser.add_argument("--no-malloc-hold", action="store_true",
                         help="diagnostic: let glibc's malloc trim freed memory, and numpy advise huge pages, as they "
                              "would (exactref/_malloc.py)")
+    parser.add_argument("--no-openmp-release", action="store_true",
+                        help="diagnostic: leave torch's idle OpenMP workers spinning (exactref/_threads.py)")
     parser.add_argument("--no-loops", action="store_true",
                         help="diagnostic: judge with the numpy code, not numba's compiled loops (exactref/_fused.py)")
     args = parser.parse_args()
@@ -167,6 +169,10 @@ def main() -> None:
         from exactref import _threads
 
         _threads._enabled = False
+    if args.no_openmp_release:
+        from exactref import _threads
+
+        _threads._release = False
     sizes = {int(s) for s in args.sizes.split(",") if s}
     if args.no_loops:
         from exactref import _fused

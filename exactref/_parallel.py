@@ -112,6 +112,8 @@ def for_each(fn: Callable[[int], None], count: int) -> None:
     if threads <= 1:
         serially(fn, count)
         return
+    # torch's OpenMP workers, spinning since its last op, would take a core from the helpers.
+    _threads.release_openmp()
     feed = _Feed(count)
     pool = _executor()
     # numpy's error state is a context variable from numpy 2 on, and per thread before: both ways.

@@ -35,10 +35,30 @@ sets it, and restores it when its outermost op returns or raises
 (KeyboardInterrupt included).  Ops entered inside an op, or from other
 threads while the owner is inside, change nothing.  threadpoolctl does the
 limiting; its controller is built once, on the first op.
+
+torch's OpenMP workers spin too.  After each torch op that ran on several
+threads, GNU OpenMP's workers (libgomp, which PyTorch's Linux wheels ship)
+wait for the next parallel region by spinning for milliseconds, each on a
+core.  A test that calls a torch kernel and then an ExactRef op hands the op
+a machine with a core taken: on 2 cores, the two BLAS products of a float32
+512³ matmul, on ExactRef's two threads, took 6.5 to 6.7 ms right after
+torch's matmul and 3.3 to 3.5 ms on their own.  So before an op first runs
+blocks side by side (:func:`release_openmp`, called by exactref/_parallel.py),
+it releases the calling thread's idle libgomp workers with OpenMP 5.0's
+``omp_pause_resource_all``: they end, and torch's next parallel op starts new
+ones, with the same number of threads (on 2 cores a torch float64 512³ matmul
+took 2.56 to 2.61 ms so, against 2.51 to 2.53; at 1024³ the cost was up to
+1 ms).  In libgomp that call ends the pool of the calling thread alone, and
+does nothing inside a parallel region (gomp_pause_host, team.c), so the
+pools of other threads are not touched.
+Other OpenMP runtimes (LLVM's libomp, Intel's libiomp5) pause the whole
+runtime with that call, every thread's pool at once, so they are left alone.  An op on one thread does not release
+them: torch's spinning worker takes one core, and the op has another.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from types import TracebackType
 from typing import Any
@@ -48,7 +68,7 @@ import threadpoolctl
 
 from . import _malloc, _pool
 
-__all__ = ["own_threads", "small", "width"]
+__all__ = ["own_threads", "release_openmp", "small", "width"]
 
 _BLAS_THREADS = 1
 # An op whose array arguments have at most this many elements each takes no limit (see above).
@@ -56,12 +76,16 @@ _SMALL = 64
 
 # Off only in benchmarks/bench_threads.py, which compares the two.
 _enabled = True
+# Off only in the benchmarks' --no-openmp-release, which compares the two.
+_release = True
+_OMP_PAUSE_SOFT = 1  # OpenMP 5.0's omp_pause_soft
 
-_local = threading.local()  # .depth: how many ops this thread is inside
+_local = threading.local()  # .depth: how many ops this thread is inside; .released: see release_openmp
 _lock = threading.Lock()
 _owner: int | None = None  # the thread whose outermost op holds the limit
 _held: Any = None  # threadpoolctl's limiter of the owner; exiting it restores the limits
 _blas: Any = None  # threadpoolctl's controller of the loaded BLAS libraries
+_pauses: list[Any] | None = None  # omp_pause_resource_all of each loaded libgomp
 _width = 1  # the owner's BLAS threads before its limit: the threads its blocks may use (_parallel)
 
 
@@ -77,10 +101,36 @@ def _controller() -> Any:
 
 def rescan() -> None:
     """Have the next op scan the loaded BLAS libraries again, so that one ExactRef's own imports
-    loaded since (numba imports scipy, which brings its BLAS) is held to the limit like the rest."""
-    global _blas
+    loaded since (numba imports scipy, which brings its BLAS) is held to the limit like the rest;
+    and the OpenMP runtimes, for :func:`release_openmp`."""
+    global _blas, _pauses
     with _lock:
-        _blas = None
+        _blas = _pauses = None
+
+
+def _openmp_pauses() -> list[Any]:
+    """``omp_pause_resource_all`` of each libgomp loaded (scanned once, until rescan())."""
+    global _pauses
+    with _lock:
+        if _pauses is None:
+            found = []
+            for lib in threadpoolctl.ThreadpoolController().select(user_api="openmp").lib_controllers:
+                pause = getattr(lib.dynlib, "omp_pause_resource_all", None) if lib.prefix == "libgomp" else None
+                if pause is not None:
+                    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+                    found.append(pause)
+            _pauses = found
+        return _pauses
+
+
+def release_openmp() -> None:
+    """End the calling thread's idle libgomp workers (torch's, spinning since its last op), once per
+    outermost op: called before the op's first blocks run side by side (see the module's doc)."""
+    if not _release or getattr(_local, "released", False):
+        return
+    _local.released = True
+    for pause in _openmp_pauses():
+        pause(_OMP_PAUSE_SOFT)
 
 
 def _limit() -> None:
@@ -137,6 +187,7 @@ class _OwnThreads:
                  tb: TracebackType | None) -> None:
         _local.depth -= 1
         if _local.depth == 0:
+            _local.released = False
             _restore()
             _release_malloc()
             _end_pool()
