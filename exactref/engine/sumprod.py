@@ -22,7 +22,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .. import _fused
+from .. import _fused, _fused_refine
 from .._parallel import for_each_slice
 from ..formats import Format
 from ..rounding import (
@@ -678,6 +678,23 @@ def _refine(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray, np
     correct rounding: exactly what the exact path gives.  Elsewhere the
     values are garbage.
     """
+    # The extraction and its decision by one compiled loop where it applies (exactref/_fused_refine.py);
+    # the rows it leaves, by the numpy code.
+    n = pieces.shape[1] if pieces.ndim == 2 else 0
+    fused = _fused_refine.extract_decide(pieces, fmt, kmin=fast._EXTRACT_MIN_K, kmax=fast._EXTRACT_MAX_K,
+                                         c=n * fast.gamma(max(n - 1, 0), fast.U64),
+                                         up_constants=(fast._UP_REL, fast._UP_ABS))
+    if fused is None:
+        return _refine_numpy(pieces, fmt)
+    value, x_lo, x_hi, ok = fused
+    rest = np.flatnonzero(~ok)
+    if rest.size:
+        value[rest], x_lo[rest], x_hi[rest], ok[rest] = _refine_numpy(pieces[rest], fmt)
+    return value, x_lo, x_hi, ok
+
+
+def _refine_numpy(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_refine` by numpy alone."""
     count = pieces.shape[0]
     value, x_lo, x_hi = np.zeros(count), np.zeros(count), np.zeros(count)
     ok = np.zeros(count, dtype=bool)

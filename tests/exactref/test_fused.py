@@ -331,6 +331,11 @@ for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
     res.rounded
     res.backward(np.ones((256, 256), dtype))
 er.sum(rng.standard_normal(10 ** 6).astype(np.float32))
+# The exact path's compiled first try (exactref/_fused_refine.py), on rows of pieces.
+from exactref.engine import sumprod
+from exactref.formats import FORMATS
+for name in ("float64", "float32", "bfloat16"):
+    sumprod._refine(rng.standard_normal((8, 1024)), FORMATS[name])
 """
 
 

@@ -1,0 +1,187 @@
+"""A compiled loop for the exact path's first try: engine.fast.extract_sum and the decision of
+engine.sumprod._decide_refined, row by row, in one pass over the pieces (numba).
+
+Why: the exact path gathers, for each element that the products left undecided, the float64
+pieces whose sum is its exact value, and decides most of them by one error-free extraction
+(Rump, Ogita and Oishi's ExtractVector).  numpy makes that in about forty passes over the
+pieces and their row sums.  At 1024³ in float32 the undecided elements of a block of 256 rows
+(about 120) took 1 to 2 ms so, on the critical path of the block; the loop makes each row's
+max, extraction and decision while the row is in cache.
+
+The enclosure is extract_sum's, with the same sigma and the same bound rad; only the order in
+which the float64 sum ``lo`` of the extraction's remainders is made differs (four partial sums,
+so that the additions overlap), and that bound holds for a sum in any order.  Where the loop
+decides a row, its rounding and float64 bounds are the exact value's, as the numpy code's are:
+the same values.  A row it leaves (a row of zeros, a sigma out of range, an enclosure that does
+not decide, a rounding outside the bit trick's range) goes to the numpy code as before
+(engine.sumprod._refine).  Like exactref/_fused.py's loops: IEEE arithmetic without fast-math,
+the GIL released, the machine code kept on disk, and helpers named as globals of this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _fused
+
+__all__ = ["extract_decide"]
+
+_ROUND_BITS: Any = None  # _fused's round_bits, set when the loop is first built (see _fused._BITS)
+_BITS: Any = None
+
+
+_ROUNDED: Any = None
+_DECIDE: Any = None
+_GRID: Any = None
+
+
+@functools.lru_cache(maxsize=1)
+def _loop() -> Callable[..., None]:
+    global _ROUND_BITS, _BITS, _ROUNDED, _DECIDE, _GRID
+    _BITS = _fused._bitcasts()[0]
+    _ROUND_BITS = _fused._round_bits()
+    inf = np.inf
+    f64_max = float(np.finfo(np.float64).max)
+    tiny_normal = 2.0 ** -1021
+    jit = _fused._jit()
+
+    @jit
+    def rounded(x, mode, f):
+        # engine.rounding.round_float64 of a float64 x to the format, and whether x lies outside
+        # the bit trick's range (mode 2), where the numpy code must round it.
+        if mode == 0:
+            return x, False
+        if mode == 1:
+            return np.float64(np.float32(x)), False
+        return _ROUND_BITS(x, f)
+
+    _ROUNDED = rounded
+
+    @jit
+    def decide(hi, lo, rad, mode, f):
+        # engine.sumprod._decide_refined for one row: (decided, value, x_lo, x_hi).
+        s = hi + lo
+        e = (hi - s) + lo  # exact: |hi| >= |lo| is required below
+        ordered = abs(hi) >= abs(lo)
+        if rad == 0 and e == 0 and s != 0 and ordered:
+            v, outside = _ROUNDED(s, mode, f)  # the exact sum is the float64 s
+            return not outside, v, s, s
+        s_up = np.nextafter(s, inf)
+        s_down = np.nextafter(s, -inf)
+        gap_up = s_up - s
+        gap_down = s - s_down
+        upper = np.nextafter(e + rad, inf)
+        lower = np.nextafter(e - rad, -inf)
+        above = (lower > 0) & (upper < gap_up)  # s < exact < s_up
+        below = (upper < 0) & (lower > -gap_down)  # s_down < exact < s
+        if not ((above | below) & ordered & (abs(s) < f64_max)):
+            return False, 0.0, 0.0, 0.0
+        xl = s if above else s_down
+        xh = s_up if above else s
+        if mode == 0:
+            # Nearest: the side of the midpoint of (x_lo, x_hi) that exact - s lies on.
+            half = (gap_up if above else -gap_down) / 2
+            to_lo = upper < half
+            to_hi = lower > half
+            return (to_lo | to_hi) & (abs(s) >= tiny_normal), xl if to_lo else xh, xl, xh
+        # Round to odd at 53 bits, then to nearest at p bits (Boldo and Melquiond).
+        v, outside = _ROUNDED(xl if _BITS(xl) & 1 else xh, mode, f)
+        return not outside, v, xl, xh
+
+    @jit
+    def grid(P, i):
+        # engine.sumprod._grid of row i: the lowest set bit among its pieces (0 if none is above
+        # zero's), a power of two of which the exact row sum is a multiple.
+        g = inf
+        for j in range(P.shape[1]):
+            b = _BITS(P[i, j]) & 0x7FFFFFFFFFFFFFFF
+            if b == 0:
+                continue
+            ex = b >> 52
+            m = (b & 0xFFFFFFFFFFFFF) | (0x10000000000000 if ex else 0)
+            low = math.ldexp(float(m & -m), int(max(ex, 1)) - 1075)
+            g = low if low < g else g
+        return g if g < inf else 0.0
+
+    _DECIDE, _GRID = decide, grid
+
+    @jit
+    def loop(P, kmin, kmax, levels, c, up_rel, up_abs, mode, f, value, x_lo, x_hi, ok):
+        # mode: 0 float64, 1 float32 (numpy's cast), 2 a narrower format rounded by its bits (f).
+        rows, n = P.shape
+        for i in range(rows):
+            ok[i] = False
+            M = 0.0
+            for j in range(n):
+                a = abs(P[i, j])
+                M = a if a > M else M
+            if not (M > 0.0) or not (M < inf):
+                continue  # a row of zeros (or a NaN): no sigma, as in extract_sum
+            k = math.frexp(M)[1] + levels  # M < 2**e: 2**k >= 2 n M
+            if k < kmin or k > kmax:
+                continue
+            sigma = math.ldexp(1.0, k)
+            h0 = h1 = h2 = h3 = 0.0
+            l0 = l1 = l2 = l3 = 0.0
+            j = 0
+            while j + 4 <= n:
+                q0 = (P[i, j] + sigma) - sigma
+                q1 = (P[i, j + 1] + sigma) - sigma
+                q2 = (P[i, j + 2] + sigma) - sigma
+                q3 = (P[i, j + 3] + sigma) - sigma
+                h0 += q0
+                h1 += q1
+                h2 += q2
+                h3 += q3
+                l0 += P[i, j] - q0
+                l1 += P[i, j + 1] - q1
+                l2 += P[i, j + 2] - q2
+                l3 += P[i, j + 3] - q3
+                j += 4
+            while j < n:
+                q0 = (P[i, j] + sigma) - sigma
+                h0 += q0
+                l0 += P[i, j] - q0
+                j += 1
+            hi = (h0 + h1) + (h2 + h3)  # exact: every partial sum of the q is representable
+            lo = (l0 + l1) + (l2 + l3)
+            rad = math.ldexp(c, k - 53) * up_rel + up_abs
+            done, v, xl, xh = _DECIDE(hi, lo, rad, mode, f)
+            if not done and rad < _GRID(P, i):
+                # The error, a multiple of the grid below it, is zero: hi + lo is the exact sum.
+                done, v, xl, xh = _DECIDE(hi, lo, 0.0, mode, f)
+            if done:
+                value[i] = v
+                x_lo[i] = xl
+                x_hi[i] = xh
+                ok[i] = True
+
+    return loop
+
+
+def extract_decide(P: np.ndarray, fmt: Any, *, kmin: int, kmax: int, c: float,
+                   up_constants: tuple[float, float]) -> tuple[np.ndarray, ...] | None:
+    """``(value, x_lo, x_hi, ok)`` of engine.sumprod._refine's first try for the rows of ``P``, or
+    None where the loop does not apply (numba missing, few pieces, a format it does not round).
+
+    ``kmin``, ``kmax`` and ``c`` are extract_sum's range of sigma's exponent and its bound's
+    factor n gamma_{n-1}; ``up_constants`` those of engine.fast.up.
+    """
+    mode = 0 if _float64(fmt) else 1 if _fused._rounds_by_cast(fmt) else 2 if _fused._rounds_by_bits(fmt) else -1
+    if mode < 0 or P.ndim != 2 or not P.shape[1] or not _fused._plain(P):
+        return None
+    rows, n = P.shape
+    out = (np.zeros(rows), np.zeros(rows), np.zeros(rows), np.zeros(rows, dtype=bool))
+    f = _fused._bits_format(fmt) if mode == 2 else (1, 0, 0.0)
+    _loop()(P, kmin, kmax, (2 * n - 1).bit_length(), c, *up_constants, mode, f, *out)
+    return out
+
+
+def _float64(fmt: Any) -> bool:
+    """IEEE double: rounded to itself (engine.sumprod._decide_refined's p == 53 branch)."""
+    return fmt.p == 53 and fmt.emin == -1022 and not fmt.saturates

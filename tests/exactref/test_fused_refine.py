@@ -1,0 +1,190 @@
+"""The compiled first try of the exact path (exactref/_fused_refine.py): where it decides a row sum,
+its rounding and float64 bounds are the exact sum's, checked against Fractions rounded by
+tests/exactref/oracle.py, and equal, bit for bit, to the numpy code's wherever that decides too.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction as F
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import exactref as er
+from exactref import _fused, _fused_refine
+from exactref.engine import fast, sumprod
+from exactref.formats import FORMATS
+
+from .oracle import bits_equal, round_fraction
+
+pytestmark = pytest.mark.skipif(not _fused.available(), reason="numba is not installed (exactref[fast])")
+
+NAMES = ["float64", "float32", "float16", "bfloat16"]
+
+
+@pytest.fixture(autouse=True)
+def any_size(monkeypatch):
+    """The loop takes arrays of any size here (a small one keeps numpy's code in the op)."""
+    monkeypatch.setattr(_fused, "MIN_SIZE", 1)
+
+
+def loop(P: np.ndarray, name: str) -> tuple[np.ndarray, ...]:
+    n = P.shape[1]
+    out = _fused_refine.extract_decide(np.ascontiguousarray(P), FORMATS[name], kmin=fast._EXTRACT_MIN_K,
+                                       kmax=fast._EXTRACT_MAX_K, c=n * fast.gamma(n - 1, fast.U64),
+                                       up_constants=(fast._UP_REL, fast._UP_ABS))
+    assert out is not None
+    return out
+
+
+def exact(row: np.ndarray) -> F:
+    return sum((F(float(v)) for v in row), F(0))
+
+
+def midpoint_rows(name: str, count: int, seed: int) -> np.ndarray:
+    """Sums of float32 products that land on a midpoint of ``name``'s values, a float64 unit or a
+    quarter of one off it, or on one of its values: ties, near-ties (exactly a float64, or strictly
+    between two whose lower or upper is the midpoint), and values exactly a float64."""
+    fmt = FORMATS[name]
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        x = (rng.standard_normal(62) * 4).astype(np.float32).astype(np.float64)
+        y = (rng.standard_normal(62) * 4).astype(np.float32).astype(np.float64)
+        P = x * y
+        total = float(np.sum(P))
+        # A value of the format near the sum, half a unit of it, and a nudge of a float64 unit.
+        v = float(np.float64(total).astype(np.float32)) if fmt.p <= 24 else total
+        unit = 2.0 ** (int(np.floor(np.log2(abs(v)))) - fmt.p + 1) if v else 2.0 ** -20
+        tie = F(v) + F(unit) / 2
+        step = F(float(np.spacing(np.float64(tie))))
+        target = tie + step * F(int(rng.choice([0, 1, -1, 1, -1])), int(rng.choice([1, 4])))
+        if rng.random() < 0.1:
+            target = F(v)  # one of the values
+        # Three more terms: the exact gap to the target, split so that each is a float64.
+        gap = target - exact(P)
+        terms = []
+        for _ in range(3):
+            terms.append(float(gap))
+            gap -= F(terms[-1])
+        assert gap == 0
+        rows.append(np.concatenate([P, terms]))
+    return np.array(rows)
+
+
+@st.composite
+def rows(draw):
+    """Row sums of the kinds the exact path meets: float32 products, with a large pair that
+    cancels, of wide exponents, near-equal values of one sign, zeros, and huge values."""
+    n = draw(st.integers(1, 200))
+    kind = draw(st.sampled_from(["float32 products", "cancelling", "wide", "one sign", "zeros", "huge"]))
+    if kind == "zeros":
+        return np.zeros((2, n))
+    if kind == "huge":
+        return np.full((2, n), 2.0 ** 1020) * draw(st.sampled_from([1.0, -1.0]))
+    if kind == "one sign":
+        e = draw(st.integers(-900, 900))
+        low = draw(hnp.arrays(np.int64, (2, n), elements=st.integers(0, 2 ** 20)))
+        return np.ldexp(1.0 - low * 2.0 ** -53, e)
+    if kind == "wide":
+        return draw(hnp.arrays(np.float64, (2, n), elements=st.builds(
+            lambda m, e: float(np.ldexp(m, e)), st.integers(-2 ** 30, 2 ** 30), st.integers(-1000, 900))))
+    x = draw(hnp.arrays(np.float32, (2, n), elements=st.floats(-8, 8, width=32)))
+    y = draw(hnp.arrays(np.float32, (2, n), elements=st.floats(-8, 8, width=32)))
+    P = x.astype(np.float64) * y.astype(np.float64)
+    if kind == "cancelling" and n >= 2:
+        P[:, 0], P[:, 1] = 2.0 ** 40, -(2.0 ** 40)
+    return P
+
+
+def check_decided(P: np.ndarray, name: str) -> np.ndarray:
+    """Every row the loop decides has the exact sum's rounding and float64 neighbours; the numpy
+    code gives the same values where it decides too.  Returns the loop's ``ok``."""
+    value, lo, hi, ok = loop(P, name)
+    v2, lo2, hi2, ok2 = sumprod._refine_numpy(P, FORMATS[name])
+    for i, row in enumerate(P):
+        if not ok[i]:
+            continue
+        s = exact(row)
+        assert F(lo[i]) <= s <= F(hi[i])
+        assert (lo[i] == hi[i]) == (F(lo[i]) == s)
+        if lo[i] != hi[i]:
+            assert np.nextafter(lo[i], np.inf) == hi[i]  # the float64 neighbours
+        assert bits_equal(value[i], round_fraction(s, name)), (i, name)
+        if ok2[i]:
+            assert bits_equal(value[i], v2[i]) and lo[i] == lo2[i] and hi[i] == hi2[i]
+    return ok
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=200)
+@given(P=rows())
+def test_a_decided_row_is_the_exact_sums_rounding(name, P):
+    check_decided(P, name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ties_near_ties_and_exact_float64_sums_round_correctly(name):
+    P = midpoint_rows(name, 60, seed=NAMES.index(name))
+    ok = check_decided(P, name)
+    # Every sum but one exactly halfway between two float64 values is decided: one that is a float64
+    # too (the grid says the error bound's zero is the truth).  Those halfway are ties of a float64
+    # output, which the numpy code's exact path rounds.
+    halfway = np.array([float64_midpoint(exact(r)) for r in P])
+    assert ok[~halfway].all()
+    assert (~halfway).sum() >= 20
+
+
+def float64_midpoint(s: F) -> bool:
+    a = float(s)
+    if F(a) == s:
+        return False
+    b = float(np.nextafter(a, np.inf if s > F(a) else -np.inf))
+    return (F(a) + F(b)) / 2 == s
+
+
+def test_rows_the_loop_leaves_go_to_the_numpy_code():
+    P = np.array([[0.0, -0.0, 0.0], [2.0 ** 1022, -(2.0 ** 1022), 1.0], [1.0, 2.0, 3.0]])
+    value, lo, hi, ok = loop(P, "float32")
+    assert ok.tolist() == [False, False, True] and value[2] == 6.0
+    got = sumprod._refine(P, FORMATS["float32"])
+    want = sumprod._refine_numpy(P, FORMATS["float32"])
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+
+
+def test_a_cancelling_float32_sum_is_decided_as_the_exact_float64_it_is():
+    row = np.array([[1.0, 2.0 ** -30, -1.0, 3 * 2.0 ** -60, 0.375, -0.375]])
+    value, lo, hi, ok = loop(row, "float32")
+    assert ok[0] and lo[0] == hi[0] == 2.0 ** -30 + 3 * 2.0 ** -60
+    assert value[0] == np.float32(2.0 ** -30)
+
+
+def test_a_float32_matmul_is_the_same_with_the_loop_and_without_it(monkeypatch):
+    # Integers of a few bits and their halves: many products cancel to values near roundings, so the
+    # exact path has many rows for the loop.  (Narrower formats' products leave it none, and a float64
+    # one's few rows are mostly exact zeros, whose sign the exact path finds.)
+    dtype = np.float32
+    rng = np.random.default_rng(3)
+    A = (rng.integers(-64, 64, (96, 160)) * 2.0 ** rng.integers(-3, 3, (96, 160))).astype(dtype)
+    B = (rng.integers(-64, 64, (160, 80)) / 3).astype(dtype)
+    seen = []
+    real = _fused_refine.extract_decide
+
+    def spy(P, fmt, **kw):
+        out = real(P, fmt, **kw)
+        seen.append(0 if out is None else int(out[3].sum()))
+        return out
+    monkeypatch.setattr(_fused_refine, "extract_decide", spy)
+    with_loop = er.matmul(A, B)
+    assert sum(seen) > 0  # the loop decided rows
+    monkeypatch.setattr(_fused_refine, "extract_decide", lambda *a, **k: None)
+    without = er.matmul(A, B)
+    for name in ("rounded", "tolerance"):
+        assert np.array_equal(getattr(with_loop, name), getattr(without, name))
+    want = np.array([[float(sum((F(float(a)) * F(float(b)) for a, b in zip(A[i], B[:, j])), F(0)))
+                      for j in range(0, 80, 7)] for i in range(0, 96, 5)])
+    assert np.array_equal(with_loop.rounded[::5, ::7], want.astype(dtype).astype(np.float64))
