@@ -336,6 +336,10 @@ from exactref.engine import sumprod
 from exactref.formats import FORMATS
 for name in ("float64", "float32", "bfloat16"):
     sumprod._refine(rng.standard_normal((8, 1024)), FORMATS[name])
+# Attention's backward tolerance (exactref/ops/attention/_loops.py), half and not.
+for dtype in (np.float32, np.float16):
+    q, k, v, g = (rng.standard_normal((1, 1, 128, 32)).astype(dtype) for _ in range(4))
+    er.scaled_dot_product_attention(q, k, v).backward(g)
 """
 
 

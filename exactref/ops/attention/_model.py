@@ -61,12 +61,13 @@ import numpy as np
 
 from ..._parallel import for_each_slice
 from ..._pool import empty
-from ...engine.fast import gamma, up
+from ...engine.fast import _UP_ABS, _UP_REL, gamma, up
 from ...formats import FLOAT32, Format
 from ._caps import backward_cap, cap_cannot_bind, ds_kernel_bound, forward_cap
 from ._first import (
     _BLOCK,
     TINY,
+    U,
     FirstPass,
     _cat_cols,
     _cat_rows_t,
@@ -76,6 +77,7 @@ from ._first import (
     matmul_up,
     t_rows,
 )
+from ._loops import ds_bound_rows
 
 __all__ = ["AttentionTolerance", "backward_tolerance", "forward_tolerance"]
 
@@ -307,6 +309,11 @@ def forward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format
 def _dS_bound_rows(B, dP_hi, dP_lo, dP_rad, D, e_D1, P_up, rho, unmasked, dS, e_dS, e_Db, consts):
     """e_S (the bound on a kernel's dS error) and |dS| + e_dS of some rows (see _backward_shared);
     dP and T, with their bounds, are made from the first pass's dP_parts, D and its bound e_D1."""
+    # (The same values by one compiled loop where it applies: _loops.py.)
+    fused = ds_bound_rows(B, dP_hi, dP_lo, dP_rad, D, e_D1, P_up, rho, unmasked, dS, e_dS, e_Db, consts,
+                          U=U, TINY=TINY, slack=_SLACK, up_constants=(_UP_REL, _UP_ABS))
+    if fused is not None:
+        return fused
     u, eta, g_dP, dP_eta, gS, S_eta, u_o, eta_o, ds_rounded = consts
     dP, e_dP = dp_rows(dP_hi, dP_lo, dP_rad)
     T, e_T = t_rows(dP_hi, dP_lo, dP_rad, D, e_D1)

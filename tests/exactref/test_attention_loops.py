@@ -1,0 +1,117 @@
+"""The backward tolerance's compiled loop (exactref/ops/attention/_loops.py) gives the numpy code's
+values bit for bit: its pairwise sums are numpy's own, and its bounds the same operations in the
+same order, NaN, infinities and signed zeros included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import exactref as er
+from exactref import _fused
+from exactref.engine.fast import _UP_ABS, _UP_REL
+from exactref.ops.attention import _loops, _model
+from exactref.ops.attention._first import TINY, U
+
+pytestmark = pytest.mark.skipif(not _fused.available(), reason="numba is not installed (exactref[fast])")
+
+torch = pytest.importorskip("torch")
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.array_equal(a, b, equal_nan=True) and np.array_equal(np.signbit(a), np.signbit(b))
+
+
+@pytest.mark.parametrize("n", [*range(1, 140), 255, 256, 257, 511, 512, 513, 1000, 1024, 2047, 4097])
+def test_the_pairwise_sum_is_numpys(n):
+    rng = np.random.default_rng(n)
+    X = rng.standard_normal((4, n)) * np.exp2(rng.integers(-60, 60, (4, n)))
+    X[1] = -0.0  # a row of negative zeros
+    X[2, ::3] = 0.0
+    want = np.sum(X, axis=-1)
+    pairwise = _loops._pairwise()
+    stack = np.empty(64)
+    for row, w in zip(X, want):
+        assert same(np.float64(pairwise(row, _loops._plan(n), stack)), w)
+
+
+def numpy_rows(*args):
+    """_dS_bound_rows by the numpy code (the loop declined)."""
+    real = _model.ds_bound_rows
+    _model.ds_bound_rows = lambda *a, **k: None
+    try:
+        return _model._dS_bound_rows(*args)
+    finally:
+        _model.ds_bound_rows = real
+
+
+def loop_rows(*args):
+    out = _loops.ds_bound_rows(*args, U=U, TINY=TINY, slack=_model._SLACK, up_constants=(_UP_REL, _UP_ABS))
+    assert out is not None
+    return out
+
+
+@pytest.mark.parametrize("ds_rounded", [False, True])
+@pytest.mark.parametrize("specials", [False, True])
+def test_the_bounds_are_the_numpy_codes(ds_rounded, specials):
+    rng = np.random.default_rng(int(ds_rounded) + 2 * int(specials))
+    rows, S = 40, 200
+    wide = [rng.standard_normal((rows, S)) * np.exp2(rng.integers(-40, 40, (rows, S))) for _ in range(9)]
+    B, dP_hi, dP_lo, dP_rad, P_up, rho, dS, e_dS, _ = wide
+    dP_lo *= 2.0 ** -60
+    for a in (B, dP_rad, P_up, rho, e_dS):
+        np.abs(a, out=a)
+    D, e_D1, e_Db = rng.standard_normal(rows), np.abs(rng.standard_normal(rows)), np.abs(rng.standard_normal(rows))
+    unmasked = rng.random((rows, S)) < 0.8
+    unmasked[3] = False
+    if specials:
+        for a in (B, dP_hi, P_up, rho, dS):
+            a[rng.random((rows, S)) < 0.02] = np.inf
+        dP_rad[rng.random((rows, S)) < 0.02] = np.nan
+        e_Db[::7], D[::11], e_D1[::13] = np.nan, np.inf, np.inf
+        dP_hi[5] = -0.0
+    consts = (2.0 ** -24, 2.0 ** -126, 3e-6, 1e-36, 1.5e-5, 3e-36, 2.0 ** -11, 2.0 ** -24, ds_rounded)
+    args = (B, dP_hi, dP_lo, dP_rad, D, e_D1, P_up, rho, unmasked, dS, e_dS, e_Db, consts)
+    for got, want in zip(loop_rows(*args), numpy_rows(*args)):
+        assert same(got, want)
+
+
+@pytest.mark.parametrize("dtype, shape, causal", [
+    ("float32", (1, 2, 256, 64), False), ("float16", (1, 2, 256, 64), True),
+    ("bfloat16", (2, 2, 200, 48), True), ("float64", (1, 1, 128, 32), False)])
+def test_an_attention_backward_is_the_same_with_the_loop_and_without_it(dtype, shape, causal, monkeypatch):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, g = (torch.randn(*shape, generator=gen).to(getattr(torch, dtype)) for _ in range(4))
+    ran = []
+    real = _loops.ds_bound_rows
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        ran.append(out is not None)
+        return out
+    monkeypatch.setattr(_model, "ds_bound_rows", spy)
+    with_loop = er.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
+    assert any(ran)
+    monkeypatch.setattr(_model, "ds_bound_rows", lambda *a, **kw: None)
+    without = er.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
+    for name in ("grad_query", "grad_key", "grad_value"):
+        for field in ("rounded", "tolerance"):
+            assert same(getattr(with_loop[name], field), getattr(without[name], field))
+
+
+def test_the_bounds_are_the_numpy_codes_where_t_cancels():
+    # T = dP - D = 0 with a large bound e_T (from e_D1), small weights' errors and no overflow
+    # terms: e_S is then about (grow - 1) e_T, so each rounding step of e_T shows in it.
+    rng = np.random.default_rng(7)
+    rows, S = 64, 64  # (at least the loops' MIN_SIZE elements)
+    D = rng.standard_normal(rows) * 1e-10
+    dP_hi = np.repeat(D[:, None], S, axis=1)
+    zeros = np.zeros((rows, S))
+    e_D1 = np.abs(rng.standard_normal(rows)) + 1.0
+    rho = np.full((rows, S), 0.5)
+    P_up = rng.random((rows, S))
+    consts = (2.0 ** -24, 2.0 ** -1000, 1e-30, 0.0, 1e-6, 0.0, 2.0 ** -11, 2.0 ** -24, False)
+    args = (zeros, dP_hi, zeros, zeros, D, e_D1, P_up, rho, np.ones((rows, S), bool), zeros, zeros,
+            np.zeros(rows), consts)
+    for got, want in zip(loop_rows(*args), numpy_rows(*args)):
+        assert same(got, want)
