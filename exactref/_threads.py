@@ -50,10 +50,13 @@ ones, with the same number of threads (on 2 cores a torch float64 512³ matmul
 took 2.56 to 2.61 ms so, against 2.51 to 2.53; at 1024³ the cost was up to
 1 ms).  In libgomp that call ends the pool of the calling thread alone, and
 does nothing inside a parallel region (gomp_pause_host, team.c), so the
-pools of other threads are not touched.
-Other OpenMP runtimes (LLVM's libomp, Intel's libiomp5) pause the whole
-runtime with that call, every thread's pool at once, so they are left alone.  An op on one thread does not release
-them: torch's spinning worker takes one core, and the op has another.
+pools of other threads are not touched.  Other OpenMP runtimes (LLVM's
+libomp, Intel's libiomp5) pause the whole runtime with that call, every
+thread's pool at once, so they are left alone.  An op on one thread does not
+release them: torch's spinning worker takes one core, and the op has another.
+The runtimes are scanned at the first op that runs blocks side by side
+(until rescan()), apart from the BLAS scan, so that a torch imported after
+ExactRef's first op is seen.
 """
 
 from __future__ import annotations
