@@ -322,8 +322,11 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     alpha_held = held(alpha, opmath_format(fin)) if c is not None else alpha
     use_ab = c is None or alpha_held != 0 or not blas_skip
     alpha_vanishes = not use_ab and alpha != 0
-    # The BLAS reads beta in the inputs' format: one that rounds to zero skips C as well.
-    beta_vanishes = c is not None and beta != 0 and held(beta, fin) == 0
+    # A kernel reads beta in the format it computes in (a float32 or float64 BLAS in the inputs'
+    # format; PyTorch's CPU kernels for float16 and bfloat16 in float32): one that rounds to zero
+    # there skips C as well.  (A beta zero in bfloat16 but not in float32 still reads C: NaN in C
+    # gives NaN.)
+    beta_vanishes = c is not None and beta != 0 and held(beta, opmath_format(fin)) == 0
     use_c = c is not None and beta != 0 and not beta_vanishes
     if c is not None:
         try:

@@ -329,3 +329,70 @@ def test_complex_beta_times_c_alone_is_two_products_and_a_sum():
     assert out.imag.item() != res.rounded.imag[0, 0]
     assert res.covers(out).all()
     assert not res.covers(np.array([[complex(out.real.item(), out.imag.item() - 64)]])).any()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_gemm_reads_beta_in_float32(dtype):
+    # CI's audit, seed 3070579008: beta = 3.4e-44 is 0 in bfloat16 (and float16) but a float32
+    # subnormal, and PyTorch's CPU kernel for half types reads its scalars in float32: C is read,
+    # and its NaN gives NaN.  A beta that is 0 in float32 too skips C.
+    A, B, C = torch.zeros(1, 1, dtype=_dtype(dtype)), torch.zeros(1, 1, dtype=_dtype(dtype)), \
+        torch.tensor(float("nan"), dtype=_dtype(dtype))
+    beta = float.fromhex("0x1.859d466a27432p-145")
+    got = torch.addmm(C, A, B, beta=beta)
+    assert torch.isnan(got).all()
+    assert er.gemm(A, B, C, beta=beta).covers(got).all()
+    skipped = torch.addmm(C, A, B, beta=1e-50)
+    assert (skipped == 0).all()
+    res = er.gemm(A, B, C, beta=1e-50)
+    assert res.covers(skipped).all() and not res.covers(got).any()
+
+
+def _attention_grads(q, k, v, grad, scale):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*leaves, scale=scale).backward(grad)
+    return leaves[0].grad, leaves[1].grad
+
+
+def test_fused_attention_gradient_that_overflows_before_its_scale():
+    # CI's audit, seed 3070579008: PyTorch's CPU fused kernel adds grad_attn @ K in a gemm whose
+    # alpha is s = 1/8; a gemm may apply alpha after its sums.  With v near bfloat16's largest value
+    # its grad_query is inf where the exact value is 1.27e38 (dS K is 1.02e39).
+    bf = torch.bfloat16
+    q = torch.tensor([[32.0], [0.0]], dtype=bf)
+    grad = torch.full((2, 1), 0.375, dtype=bf)
+
+    def exact(v: float):
+        return er.scaled_dot_product_attention.backward(q, q, torch.tensor([[v], [0.0]], dtype=bf), grad,
+                                                        scale=0.125, algorithm=er.AttentionAlgorithm.FLASH_ATTENTION)
+    g_q, g_k = _attention_grads(q, q, torch.tensor([[float.fromhex("0x1.fep+127")], [0.0]], dtype=bf), grad, 0.125)
+    assert torch.isinf(g_q[1]).all()
+    g = exact(float.fromhex("0x1.fep+127"))
+    assert g["grad_query"].covers(g_q).all() and g["grad_key"].covers(g_k).all()
+    # v = 1.22e38: dS K, 3.7e38, is past float32's range too (PyTorch's own gemm stays finite here),
+    # while even a rank-one bound on the scaled gradient stays below half of it.
+    v = float.fromhex("0x1.7p+126")
+    g_q, _ = _attention_grads(q, q, torch.tensor([[v], [0.0]], dtype=bf), grad, 0.125)
+    g = exact(v)
+    assert g["grad_query"].covers(g_q).all()
+    assert g["grad_query"].covers(torch.full_like(g_q, INF))[1].all()
+    # The twin: v 2**100 keeps dS K far inside float32, and an inf there is wrong.
+    v_small = torch.tensor([[2.0 ** 100], [0.0]], dtype=bf)
+    g_q, _ = _attention_grads(q, q, v_small, grad, 0.125)
+    assert torch.isfinite(g_q).all()
+    g = exact(2.0 ** 100)
+    assert g["grad_query"].covers(g_q).all()
+    assert not g["grad_query"].covers(torch.full_like(g_q, INF))[1].any()
+
+
+def test_float32_attention_gradient_whose_sum_before_the_scale_may_overflow():
+    # The same leniency where no bound needs the gradient's product of sizes (float32, the math
+    # path's class): the rank-one bound on s |dS| |K|, 9.2e37, is below half of float32's range,
+    # and it is dS K's, 3.7e38, that decides.
+    q = torch.tensor([[32.0], [0.0]])
+    grad = torch.full((2, 1), 0.375)
+    for v, lenient in ((float.fromhex("0x1.7p+126"), True), (2.0 ** 100, False)):
+        g = er.scaled_dot_product_attention.backward(q, q, torch.tensor([[v], [0.0]]), grad, scale=0.125)
+        g_q, _ = _attention_grads(q, q, torch.tensor([[v], [0.0]]), grad, 0.125)
+        assert g["grad_query"].covers(g_q).all()
+        assert bool(g["grad_query"].covers(torch.full_like(g_q, INF))[1].all()) is lenient

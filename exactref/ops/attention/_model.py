@@ -439,6 +439,10 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
     rho = wts.rho
     s = pb.scale.magnitude
     big = wts.acc.max_finite / 2
+    # A kernel may add grad_query's (grad_key's) products before it multiplies by s: PyTorch's CPU
+    # fused kernel adds dS K in a gemm whose alpha is s, and a gemm may apply alpha after its sums.
+    # Where s < 1 that sum is 1/s times the gradient's size, and it is what may overflow.
+    reach = 1.0 if which == "value" or s >= 1 else 1 / s
     cop = pb.copies(which)
     n_own, c = cop.shape
     n = c * (L if which in ("key", "value") else S)  # the terms of each gradient element's sum
@@ -503,7 +507,7 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
         # bound on it keeps every element below the overflow, its product is not made.
         if bound is None and which == "value":
             row_sums = _copy_row_sums(*sums[:2], cop, n)
-        if bound is None and not np.all(_rank_one_bound(row_sums, *sums[2:], n) + E < big):
+        if bound is None and not np.all((_rank_one_bound(row_sums, *sums[2:], n) + E) * reach < big):
             bound = exact_bound()
             if skip and not np.all(bound < np.inf):
                 # (cap_cannot_bind's min(bound, cap) = bound needs bound finite.)
@@ -515,7 +519,7 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             # bound on the kernel's result needs the term as much as E does, so it comes after.
             E = up(E + up((1 + gd) * math.sqrt(s) * eta * rowsum * _SLACK))
         overflow = np.broadcast_to(head_big[cop].any(axis=1)[:, None, None], E.shape)
-        overflow = overflow.copy() if bound is None else (bound + E >= big) | overflow
+        overflow = overflow.copy() if bound is None else ((bound + E) * reach >= big) | overflow
         if ds_over is not None and which != "value":
             # A row of dS with an infinite entry makes its whole row of grad_query (or column,
             # for grad_key) inf or NaN, in every copy it is summed over.
