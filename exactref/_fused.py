@@ -84,6 +84,7 @@ _ROUND_BITS: Any = None
 _SLACKENED: Any = None
 _FINISH: Any = None
 _SECOND_LEVEL: Any = None
+_GAPS: Any = None
 
 
 def _plain(*arrays: Any, dtype: Any = np.float64) -> bool:
@@ -449,13 +450,30 @@ def _bitcasts() -> tuple[Callable[..., Any], Callable[..., Any]]:
 
 
 @functools.lru_cache(maxsize=1)
+def _gaps() -> Callable[..., tuple[float, ...]]:
+    """A jitted step of engine.sumprod's decisions from hi + lo +- r, with s = hi + lo and its error
+    e: s's float64 neighbours and the gaps to them, and e +- r each moved out by nextafter."""
+    inf = np.inf
+
+    @_jit()
+    def gaps(s, e, r):
+        s_up = np.nextafter(s, inf)
+        s_down = np.nextafter(s, -inf)
+        return s_up, s_down, s_up - s, s - s_down, np.nextafter(e + r, inf), np.nextafter(e - r, -inf)
+
+    global _GAPS
+    _GAPS = gaps
+    return gaps
+
+
+@functools.lru_cache(maxsize=1)
 def _decide_float64_loop() -> Callable[..., None]:
     """The loop of :func:`decide_float64`: a vectorised pass for the common case, then the general
     code for the few elements outside it.  Its constants are facts of the float64 format (the
     exponent's bits, the neighbours of powers of two), fixed in the machine code."""
     from .engine import sumprod as sp
 
-    _bitcasts()  # (the helpers the loop calls: see _BITS)
+    _bitcasts(), _gaps()  # (the helpers the loop calls: see _BITS)
     inf = np.inf
     f64_max = float(np.finfo(np.float64).max)
     exp_bits, mant_bits, low_bits, high_bits = sp._EXP_BITS, sp._MANT_BITS, sp._COMMON_LOW, sp._COMMON_HIGH
@@ -516,12 +534,7 @@ def _decide_float64_loop() -> Callable[..., None]:
                 x_hi[i] = np.nextafter(h + np.nextafter(lw + r, inf), inf)
                 continue
             # engine.sumprod._decide_float64_general, the definition, with nextafter.
-            s_up = np.nextafter(s, inf)
-            s_down = np.nextafter(s, -inf)
-            gap_up = s_up - s
-            gap_down = s - s_down
-            upper = np.nextafter(e + r, inf)
-            lower = np.nextafter(e - r, -inf)
+            s_up, s_down, gap_up, gap_down, upper, lower = _GAPS(s, e, r)
             usable = (abs(h) >= abs(lw)) & (abs(s) < f64_max) & (abs(s) >= 2.0 ** -1021)
             above = usable & (lower > 0) & (upper < gap_up)
             below = usable & (upper < 0) & (lower > -gap_down)

@@ -37,13 +37,15 @@ _ROUND_BITS: Any = None
 _ROUNDED: Any = None
 _DECIDE: Any = None
 _GRID: Any = None
+_GAPS: Any = None
 
 
 @functools.lru_cache(maxsize=1)
 def _loop() -> Callable[..., None]:
-    global _ROUND_BITS, _BITS, _ROUNDED, _DECIDE, _GRID
+    global _ROUND_BITS, _BITS, _ROUNDED, _DECIDE, _GRID, _GAPS
     _BITS = _fused._bitcasts()[0]
     _ROUND_BITS = _fused._round_bits()
+    _GAPS = _fused._gaps()
     inf = np.inf
     f64_max = float(np.finfo(np.float64).max)
     tiny_normal = 2.0 ** -1021
@@ -70,12 +72,7 @@ def _loop() -> Callable[..., None]:
         if rad == 0 and e == 0 and s != 0 and ordered:
             v, outside = _ROUNDED(s, mode, f)  # the exact sum is the float64 s
             return not outside, v, s, s
-        s_up = np.nextafter(s, inf)
-        s_down = np.nextafter(s, -inf)
-        gap_up = s_up - s
-        gap_down = s - s_down
-        upper = np.nextafter(e + rad, inf)
-        lower = np.nextafter(e - rad, -inf)
+        s_up, s_down, gap_up, gap_down, upper, lower = _GAPS(s, e, rad)
         above = (lower > 0) & (upper < gap_up)  # s < exact < s_up
         below = (upper < 0) & (lower > -gap_down)  # s_down < exact < s
         if not ((above | below) & ordered & (abs(s) < f64_max)):
