@@ -18,7 +18,7 @@ from exactref import _fused, _fused_refine
 from exactref.engine import fast, sumprod
 from exactref.formats import FORMATS
 
-from .oracle import bits_equal, round_fraction
+from .oracle import bits_equal, round_fraction, round_value
 
 pytestmark = pytest.mark.skipif(not _fused.available(), reason="numba is not installed (exactref[fast])")
 
@@ -57,7 +57,7 @@ def midpoint_rows(name: str, count: int, seed: int) -> np.ndarray:
         P = x * y
         total = float(np.sum(P))
         # A value of the format near the sum, half a unit of it, and a nudge of a float64 unit.
-        v = float(np.float64(total).astype(np.float32)) if fmt.p <= 24 else total
+        v = round_value(total, name)
         unit = 2.0 ** (int(np.floor(np.log2(abs(v)))) - fmt.p + 1) if v else 2.0 ** -20
         tie = F(v) + F(unit) / 2
         step = F(float(np.spacing(np.float64(tie))))
