@@ -44,7 +44,7 @@ def exact(row: np.ndarray) -> F:
     return sum((F(float(v)) for v in row), F(0))
 
 
-def midpoint_rows(name: str, count: int, seed: int) -> np.ndarray:
+def midpoint_rows(name: str, count: int, seed: int, length: int = 65) -> np.ndarray:
     """Sums of float32 products that land on a midpoint of ``name``'s values, a float64 unit or a
     quarter of one off it, or on one of its values: ties, near-ties (exactly a float64, or strictly
     between two whose lower or upper is the midpoint), and values exactly a float64."""
@@ -52,8 +52,8 @@ def midpoint_rows(name: str, count: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(count):
-        x = (rng.standard_normal(62) * 4).astype(np.float32).astype(np.float64)
-        y = (rng.standard_normal(62) * 4).astype(np.float32).astype(np.float64)
+        x = (rng.standard_normal(length - 3) * 4).astype(np.float32).astype(np.float64)
+        y = (rng.standard_normal(length - 3) * 4).astype(np.float32).astype(np.float64)
         P = x * y
         total = float(np.sum(P))
         # A value of the format near the sum, half a unit of it, and a nudge of a float64 unit.
@@ -136,6 +136,15 @@ def test_ties_near_ties_and_exact_float64_sums_round_correctly(name):
     halfway = np.array([float64_midpoint(exact(r)) for r in P])
     assert ok[~halfway].all()
     assert (~halfway).sum() >= 20
+
+
+@pytest.mark.parametrize("name", ["float64", "float32"])
+def test_ties_in_rows_of_the_length_of_a_1024_cubed_matmul(name):
+    # The rows the loop meets in a 1024**3 matmul: 1024 pieces, the sigma of a longer row.
+    P = midpoint_rows(name, 12, seed=5, length=1024)
+    ok = check_decided(P, name)
+    halfway = np.array([float64_midpoint(exact(r)) for r in P])
+    assert ok[~halfway].all() and (~halfway).sum() >= 4
 
 
 def float64_midpoint(s: F) -> bool:
