@@ -168,7 +168,7 @@ def extract_decide(P: np.ndarray, fmt: Any, *, kmin: int, kmax: int, c: float,
     ``kmin``, ``kmax`` and ``c`` are extract_sum's range of sigma's exponent and its bound's
     factor n gamma_{n-1}; ``up_constants`` those of engine.fast.up.
     """
-    mode = 0 if _float64(fmt) else 1 if _fused._rounds_by_cast(fmt) else 2 if _fused._rounds_by_bits(fmt) else -1
+    mode = 0 if _fused._is_float64(fmt) else 1 if _fused._rounds_by_cast(fmt) else 2 if _fused._rounds_by_bits(fmt) else -1
     if mode < 0 or P.ndim != 2 or not P.shape[1] or not _fused._plain(P):
         return None
     rows, n = P.shape
@@ -177,7 +177,3 @@ def extract_decide(P: np.ndarray, fmt: Any, *, kmin: int, kmax: int, c: float,
     _loop()(P, kmin, kmax, (2 * n - 1).bit_length(), c, *up_constants, mode, f, *out)
     return out
 
-
-def _float64(fmt: Any) -> bool:
-    """IEEE double: rounded to itself (engine.sumprod._decide_refined's p == 53 branch)."""
-    return fmt.p == 53 and fmt.emin == -1022 and not fmt.saturates

@@ -306,8 +306,9 @@ def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enc
 
 
 def _compiled(X: np.ndarray) -> bool:
-    """Whether X's first levels take the compiled loop, which copies as it reads at every size."""
-    return X.dtype == np.float32 and X.flags.c_contiguous and _fused.usable(X.size)
+    """Whether X's first levels take the compiled loop, which copies as it reads at every size: its
+    own test of a block (exactref/_fused.py's group_sums)."""
+    return _fused._plain(X, dtype=np.float32)
 
 
 def _long_row(row: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> tuple[float, float, float, float]:
