@@ -287,17 +287,21 @@ def solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
 
 
 def solve_in_blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
-                    finish: Callable[[Solution, tuple[slice, ...] | None], None]) -> None:
+                    finish: Callable[[Solution, tuple[slice, ...] | None], None],
+                    into: Callable[[tuple[slice, ...]], tuple[np.ndarray, ...] | None] | None = None) -> None:
     """:func:`solve`'s blocks of rows (axis -2), each handed to ``finish(sol, cut)`` on the thread
     that solved it, right after it: ``sol`` is the block's Solution and
     ``cut`` its place in ``shape`` (None where the whole output is one block).  ``finish`` must
-    write only its own block's part of any output.
+    write only its own block's part of any output.  ``into(cut)``, where given, returns three
+    arrays of the block's shape (C-contiguous float64), or None: the block's rounded values and
+    bounds are written there as they are decided, instead of into arrays of their own.
     """
-    _blocks(terms, shape, fmt, finish, _rows_per_block(terms, shape))
+    _blocks(terms, shape, fmt, finish, _rows_per_block(terms, shape), into)
 
 
 def _blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
-            finish: Callable[[Solution, tuple[slice, ...] | None], None], step: int | None) -> None:
+            finish: Callable[[Solution, tuple[slice, ...] | None], None], step: int | None,
+            into: Callable[[tuple[slice, ...]], tuple[np.ndarray, ...] | None] | None = None) -> None:
     """:func:`solve_in_blocks` with its blocks' rows, ``step``, already known."""
     try:
         if step is None:
@@ -311,7 +315,8 @@ def _blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
             start, stop = rows.start, min(rows.stop, shape[axis])
             sub = [t.rows(start, stop, shape) for t in terms]
             cut = (slice(None),) * axis + (slice(start, stop),)
-            finish(_solve_block(sub, shape[:axis] + (stop - start,) + shape[axis + 1:], fmt), cut)
+            finish(_solve_block(sub, shape[:axis] + (stop - start,) + shape[axis + 1:], fmt,
+                                None if into is None else lambda: into(cut)), cut)
 
         # The blocks are independent: side by side on the op's threads (exactref/_parallel.py).
         for_each_slice(block, shape[axis], step)
@@ -345,19 +350,25 @@ def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:
     return None if step >= M else step
 
 
-def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
+def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format,
+                 place: Callable[[], tuple[np.ndarray, ...] | None] | None = None) -> Solution:
+    """The block's Solution; ``place()``, called once its enclosure is made, may return three
+    C-contiguous float64 arrays of ``shape``, where its rounded values and bounds are then written
+    (a result's own: see solve_in_blocks)."""
     enc = enclose(terms, shape)
-    rounded, x_lo, x_hi, decided = _decide(enc, fmt)
+    into = None if place is None else place()
+    rounded, x_lo, x_hi, decided = _decide(enc, fmt, into)
     if any(t.refinable for t in terms):  # (first: a small op notices each microsecond)
         size = math.prod(shape)
         if size - np.count_nonzero(decided) > max(size * _REFINE_SHARE, _REFINE_MIN):
             # The quick enclosure left too many for the exact path (cancelling sums, say): the
             # six products' enclosure decides nearly all of them (products.Right).
             enc = enclose(terms, shape, fine=True)
-            rounded, x_lo, x_hi, decided = _decide(enc, fmt)
+            rounded, x_lo, x_hi, decided = _decide(enc, fmt, into)
     S = np.asarray(enc.S, dtype=np.float64).reshape(shape)
     # Fresh, writable float64 arrays (the undecided elements are written in below).
-    rounded, x_lo, x_hi = (_fresh(v).reshape(shape) for v in (rounded, x_lo, x_hi))
+    if into is None:
+        rounded, x_lo, x_hi = (_fresh(v).reshape(shape) for v in (rounded, x_lo, x_hi))
     undecided = ~np.asarray(decided)
     if not undecided.any():  # the usual case: cheaper than np.flatnonzero, which a small output notices
         return Solution(rounded, x_lo, x_hi, S, 0)
@@ -393,19 +404,30 @@ _REFINE_SHARE = 1 / 128
 _REFINE_MIN = 128
 
 
-def _decide(enc: fast.Enclosure, fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The rounding to ``fmt`` of the values in ``enc``, float64 bounds on them, and where decided."""
+def _decide(enc: fast.Enclosure, fmt: Format, into: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rounding to ``fmt`` of the values in ``enc``, float64 bounds on them, and where decided;
+    the first three written into ``into`` where given (see _solve_block), and returned as them."""
     # (The same values by one compiled loop where it applies: exactref/_fused.py.)
     if fmt.p == 53:
-        fused = _fused.decide_float64(enc.hi, enc.lo, enc.rad)
-        return fused if fused is not None else _decide_float64(enc.hi, enc.lo, enc.rad)
+        fused = _fused.decide_float64(enc.hi, enc.lo, enc.rad, into)
+        return fused if fused is not None else _placed(_decide_float64(enc.hi, enc.lo, enc.rad), into)
     if enc.lo_zero and _fused.decides(fmt):
-        fused = _fused.decide_narrow(enc.hi, enc.rad, fmt)
+        fused = _fused.decide_narrow(enc.hi, enc.rad, fmt, into)
         if fused is not None:
             return fused
     x_lo, x_hi = _bounds_lo_zero(enc.hi, enc.rad) if enc.lo_zero else enclosure_bounds(enc.hi, enc.lo, enc.rad)
     rounded, decided = _decide_narrow(x_lo, x_hi, fmt)
-    return rounded, x_lo, x_hi, decided
+    return _placed((rounded, x_lo, x_hi, decided), into)
+
+
+def _placed(decision: tuple[np.ndarray, ...], into: tuple[np.ndarray, ...] | None) -> tuple[np.ndarray, ...]:
+    """``(rounded, x_lo, x_hi, decided)`` with the first three copied into ``into``, where given."""
+    if into is None:
+        return decision
+    for dst, src in zip(into, decision):
+        np.copyto(dst, np.asarray(src).reshape(dst.shape))
+    return (*into, decision[3])
 
 
 def _round_pieces(parts: tuple[np.ndarray, ...], exact: np.ndarray, idx: np.ndarray, fmt: Format,

@@ -236,24 +236,36 @@ def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:
     4%; right after torch's own matmul, as benchmarks/bench_matmul.py runs them, 1024**3 showed
     no difference and 2048**3 2 to 8%.
     """
-    # The output's arrays are made by the first block to finish, not before the blocks start:
+    # The output's arrays are made by the first block to need them (once its products are made),
+    # not before the blocks start:
     # made first, a float32 or float16 1024**3 matmul took 70-85 ms against 62-66 (minima of four
     # alternating pairs, that version run second in each, which alone costs a few ms here).
     out: dict[str, np.ndarray] = {}
     lock = threading.Lock()
     whole: list[Part] = []  # the Part itself, where the output is one block (a single long row)
 
+    def arrays() -> dict[str, np.ndarray]:
+        with lock:
+            if not out:
+                # (Large arrays come from the buffers of results no longer used: exactref/_pool.py.)
+                out.update((name, _pool.empty(shape, dtype)) for name, dtype in _PART_DTYPES.items())
+        return out
+
+    def into(cut: tuple[slice, ...]) -> tuple[np.ndarray, ...] | None:
+        # A block's rounded values and bounds are decided straight into the Part's arrays, which
+        # judging it then need not copy (a float32 512**3 matmul's two threads took 0.3 ms each
+        # for those copies, of 0.5 ms judging).  Where its place is not contiguous (a batch's
+        # rows), it decides into arrays of its own.
+        views = tuple(arrays()[name][cut] for name in ("rounded", "x_lo", "x_hi"))
+        return views if views[0].flags.c_contiguous else None
+
     def finish(sol: Solution, cut: tuple[slice, ...] | None) -> None:
         E, overflow = _tolerance_of(ps, sol)
         if cut is None:
             whole.append(_judge(sol, E, fmt, None, overflow, None))
             return
-        with lock:
-            if not out:
-                # (Large arrays come from the buffers of results no longer used: exactref/_pool.py.)
-                out.update((name, _pool.empty(shape, dtype)) for name, dtype in _PART_DTYPES.items())
-        _judge(sol, E, fmt, None, overflow, None, into=(out, cut))
-    solve_in_blocks(ps.terms, shape, fmt, finish)
+        _judge(sol, E, fmt, None, overflow, None, into=(arrays(), cut))
+    solve_in_blocks(ps.terms, shape, fmt, finish, into)
     return whole[0] if whole else Part(**out)
 
 

@@ -105,6 +105,27 @@ def test_judge_into_writes_what_judge_returns(fmt, marks) -> None:
         assert _same(out[name][outside], before[name][outside]), name  # only its place is written
 
 
+@pytest.mark.parametrize("fmt", [F32, F64, F16, BF16], ids=["float32", "float64", "float16", "bfloat16"])
+def test_judge_into_the_solutions_own_arrays(fmt) -> None:
+    # ops._common._judge passes a Solution's rounded value and bounds as the Part's own arrays: the
+    # loops read them while the rest of the Part is written (and the copies are skipped).
+    rng = np.random.default_rng(11)
+    x = _values(rng, N, fmt)
+    with np.errstate(all="ignore"):
+        width = np.abs(x) * 2.0 ** rng.integers(-60, 0, N)
+        x_lo, x_hi = x - width, x + width
+        rounded = round_float64(x, fmt)
+    E = _tolerances(rng, x)
+    overflow = rng.random(N) < 0.2
+    with np.errstate(all="ignore"):
+        want = judge(rounded, x_lo, x_hi, _slackened(E), fmt, overflow=overflow)
+        out = {"rounded": rounded, "x_lo": x_lo, "x_hi": x_hi}
+        out.update((name, np.full(N, 7, dtype=dtype)) for name, dtype in _PART_DTYPES.items() if name not in out)
+        assert _fused.judge_into(fmt, E, x_lo, x_hi, rounded, overflow, out, slice(None))
+    for name in _PART_DTYPES:
+        assert _same(out[name], getattr(want, name)), name
+
+
 @pytest.mark.parametrize("fmt", [F16, BF16, E5M2], ids=["float16", "bfloat16", "e5m2"])
 def test_round_bits_rounds_to_the_format_or_says_it_cannot(fmt) -> None:
     # The loops' rounding by the bits, one value at a time, against round_float64: equal wherever it

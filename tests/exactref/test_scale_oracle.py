@@ -392,12 +392,19 @@ def _fields(res) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
-def test_judging_each_block_as_it_is_solved_gives_every_field_of_judging_the_whole(dtype, tiny_blocks,
+@pytest.mark.parametrize("loops", [False, True])
+def test_judging_each_block_as_it_is_solved_gives_every_field_of_judging_the_whole(dtype, loops, tiny_blocks,
                                                                                  monkeypatch):
     # An elementwise tolerance (PartSpec.blockwise) lets build judge each block of rows on the
     # thread that solved it: in blocks of 5 elements, judged 3 at a time, the leading axis is the
     # rows' own (2-D outputs, 1-D sums) or a batch axis over them.  Against the same ops with the
-    # flag off (the whole output solved, then its tolerance, then judged), bit for bit.
+    # flag off (the whole output solved, then its tolerance, then judged), bit for bit.  A block
+    # whose rows are contiguous in the output is decided straight into the Part's arrays; with
+    # ``loops``, by exactref/_fused.py's loops (at any size), which then write there themselves.
+    if loops:
+        if not _fused.available():
+            pytest.skip("numba is not installed")
+        monkeypatch.setattr(_fused, "MIN_SIZE", 1)
     rng = np.random.default_rng(21)
     A, B, G = _hard(rng, (9, 12), dtype), _hard(rng, (12, 7), dtype), _hard(rng, (9, 7), dtype)
     Ab, Bb, Gb = _hard(rng, (3, 4, 6), dtype), _hard(rng, (6, 5), dtype), _hard(rng, (3, 4, 5), dtype)
