@@ -410,24 +410,26 @@ def values_of(o: Operand, fmt: Format | ComplexFormat, *, copy: bool = True) -> 
     return arr.astype(wide, copy=copy)
 
 
-def values_checked(o: Operand, fmt: Format | ComplexFormat) -> tuple[np.ndarray, bool]:
-    """``values_of(o, fmt, copy=False)``, and whether every value is finite.
+def values_checked(o: Operand, fmt: Format | ComplexFormat, *, own: bool = False) -> tuple[np.ndarray, bool]:
+    """``values_of(o, fmt, copy=own)``, and whether every value is finite.
 
-    A large narrower array is checked as it is widened, block by block while
+    A large array is checked as it is copied or widened, block by block while
     each is in cache, instead of in one more pass over the float64 values: for two
     float16 2048 x 2048 operands that pass took 5.2 ms on one thread, of the
-    38 ms before a matmul's blocks of rows start (line_profiler).
+    38 ms before a matmul's blocks of rows start (line_profiler).  ``own``: ``o.array``
+    is the caller's memory (``operand(copy=False)``), so the values are made a copy of it
+    even where they need no widening.
     """
     arr = np.asarray(o.array)
     if arr.size < 2 * _COPY_BLOCK:
         # One block: numpy's isfinite is the fewest calls, which is what a small op pays for.
-        values = values_of(o, fmt, copy=False)
+        values = values_of(o, fmt, copy=own)
         return values, bool(np.isfinite(values).all())
     if fmt.is_complex or not np.iscomplexobj(arr):
         wide = np.complex128 if fmt.is_complex else np.float64
-        if arr.dtype != wide and arr.flags.c_contiguous:
+        if (arr.dtype != wide or own) and arr.flags.c_contiguous:
             return copy_checked(arr, _all_finite_parts, wide)
-    values = values_of(o, fmt, copy=False)
+    values = values_of(o, fmt, copy=own)
     return values, _all_finite_parts(values)
 
 

@@ -421,3 +421,38 @@ def test_a_blocked_matmul_sees_an_infinity_in_its_last_block(wide):
     np.testing.assert_array_equal(got, expected)
     assert np.isfinite(res.rounded[:-1]).all()
     assert res.covers(np.asarray(res.rounded)).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "complex64"])
+@pytest.mark.parametrize("K", [3, 1024])  # A in one block, and (2048 x 1024) in blocks side by side
+@pytest.mark.parametrize("op", ["matmul", "gemm"])
+def test_matmul_reads_its_operands_once_into_values_of_its_own(wide, dtype, K, op):
+    # matmul and gemm read A, B and C without a copy of their own first: the values the Result and
+    # its backward keep are their own copies, so writing into the arrays after the call changes
+    # neither the Result, nor its exact values, nor its later backward.
+    rng = np.random.default_rng(5)
+    side = 4 if K == 3 else 2048
+    assert (side * K >= 2 * parallel._COPY_BLOCK) is (K > 3)
+    shape_a, shape_b = (side, K), (K, 5)
+
+    def draw(shape: tuple[int, ...]) -> np.ndarray:
+        v = rng.standard_normal(shape) + (1j * rng.standard_normal(shape) if dtype == "complex64" else 0)
+        return er.asarray(v, dtype)
+    A, B, C, G = draw(shape_a), draw(shape_b), draw((side, 5)), draw((side, 5))
+    call = (lambda *xs: er.matmul(*xs[:2])) if op == "matmul" else (lambda *xs: er.gemm(*xs, alpha=2, beta=3))
+    want = call(A.copy(), B.copy(), C.copy())
+    want_grads = want.backward(G)
+    res = call(A, B, C)
+    for x in (A, B, C):
+        x[...] = np.nan
+    grads = res.backward(G)
+    assert all(_same(a, b) for a, b in zip(_fields(res), _fields(want)))
+    for index in [(0, 0), (side - 1, 4)]:
+        assert res.exact(index) == want.exact(index)
+    for name in want_grads:
+        assert all(_same(a, b) for a, b in zip(_fields(grads[name]), _fields(want_grads[name]))), name
+        assert grads[name].exact((0, 0)) == want_grads[name].exact((0, 0)), name
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
