@@ -641,6 +641,37 @@ def widen_float32(S32: np.ndarray, scale: float, add: float, g: float) -> tuple[
 
 
 @functools.lru_cache(maxsize=1)
+def _read_float32_loop() -> Callable[..., int]:
+    @_jit()
+    def loop(src, values, absolute):
+        # Each value widened, and its magnitude in float32 (exact); the count of those not finite
+        # (v - v is 0 for a finite v, NaN for inf and NaN).
+        bad = 0
+        for i in range(src.size):
+            v = src[i]
+            w = np.float64(v)
+            values[i] = w
+            absolute[i] = abs(v)
+            bad += (w - w) != 0.0
+        return bad
+
+    return loop
+
+
+def read_float32(src: np.ndarray) -> tuple[np.ndarray, bool, np.ndarray] | None:
+    """A float32 array's values in float64, whether every one is finite, and their magnitudes in
+    float32 (exact), in one pass by a compiled loop: a matmul operand's read (ops/matmul.py),
+    whose magnitudes engine.products' bound on |A| |B| multiplies.  None where it does not apply
+    (numba missing, a small or non-contiguous array).  (Widening, checking and taking |B| in
+    float32 took 0.25 ms for a 512 x 512 B in three passes, 0.08 in this one.)"""
+    if not _plain(src, dtype=np.float32):
+        return None
+    values, absolute = np.empty(src.shape), np.empty(src.shape, dtype=np.float32)
+    bad = _read_float32_loop()(src.reshape(-1), values.reshape(-1), absolute.reshape(-1))
+    return values, bad == 0, absolute
+
+
+@functools.lru_cache(maxsize=1)
 def _quick_cut_loop() -> Callable[..., int]:
     """The loop of :func:`quick_cut`."""
     inf = np.inf

@@ -171,6 +171,12 @@ def _abs_float32(B: np.ndarray) -> tuple[np.ndarray, bool]:
     return (out, True) if all(fits_all) else (np.abs(B), False)
 
 
+def _abs_given(abs_b: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, bool]:
+    """:func:`_abs_float32`'s result from ``abs_b``, |B| in float32 with every value exact: the same
+    arrays, since the range test gives the same answer on the same values."""
+    return (abs_b, True) if _in_float32_range(abs_b) else (np.abs(B), False)
+
+
 # Values of B per block of _abs_float32 (1 MiB of float64).
 _ABS_BLOCK = 1 << 17
 
@@ -269,7 +275,9 @@ class Right:
     """
 
     def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False, bound: bool = True,
-                 quick: bool = False, one_slice: tuple[int, int] | None = None) -> None:
+                 quick: bool = False, one_slice: tuple[int, int] | None = None,
+                 abs_b: np.ndarray | None = None) -> None:
+        """``abs_b``: |B| in float32, exact, where the caller made it as it read B (narrow B only)."""
         self.B = B
         self.narrow = narrow
         self.pieces = pieces
@@ -284,7 +292,7 @@ class Right:
         self.fine_lock = threading.Lock()
         self.cut: _Slicing | None = None  # B cut for the products (none without terms: K = 0)
         if narrow or K == 0:
-            self.absB, self.in32 = _abs_float32(B)
+            self.absB, self.in32 = _abs_float32(B) if abs_b is None else _abs_given(abs_b, B)
             return
         if one_slice is None and quick and K <= _QUICK_MAX_K:
             one_slice = _quick_exponents(K)
@@ -386,10 +394,12 @@ class Right:
         S = self._product_of_abs(A, absA)
         return self._widen(S) if S.dtype == np.float32 else S
 
-    def bound_and_radius(self, A: np.ndarray, g: float) -> tuple[np.ndarray, np.ndarray]:
+    def bound_and_radius(self, A: np.ndarray, g: float, abs_a: np.ndarray | None = None
+                         ) -> tuple[np.ndarray, np.ndarray]:
         """``S = abs_bound(A)`` and ``up(g * S)``; where they apply, from one compiled loop that
-        widens the float32 product (exactref/_fused.py), with the same values."""
-        S = self._product_of_abs(A)
+        widens the float32 product (exactref/_fused.py), with the same values.  ``abs_a``: |A| in
+        float32, exact, where the caller has it (:meth:`times`)."""
+        S = self._product_of_abs(A, abs_a=abs_a)
         if S.dtype == np.float32:
             fused = _fused.widen_float32(S, *self._widening(), g)
             if fused is not None:
@@ -398,11 +408,16 @@ class Right:
         # (np.zeros: np.zeros_like costs several times more for a small product.)
         return S, up(g * S) if g else np.zeros(S.shape)
 
-    def _product_of_abs(self, A: np.ndarray, absA: np.ndarray | None = None) -> np.ndarray:
-        """abs_bound's float32 product |A| |B|, to be widened (_widen); or its float64 bound itself."""
+    def _product_of_abs(self, A: np.ndarray, absA: np.ndarray | None = None,
+                        abs_a: np.ndarray | None = None) -> np.ndarray:
+        """abs_bound's float32 product |A| |B|, to be widened (_widen); or its float64 bound itself.
+        ``abs_a``, |A| in float32 with every value exact, where given, is the float32 product's
+        operand that ``absA.astype(np.float32)`` would be, with the same range test."""
         K = self.K
         if K == 0:
             return np.zeros(self.out_shape(A))
+        if abs_a is not None and self.in32 and _in_float32_range(abs_a):
+            return abs_a @ self.absB
         if absA is None:
             absA = np.abs(A)
         if not (self.in32 and _in_float32_range(absA)):
@@ -424,19 +439,21 @@ class Right:
         np.add(S, add, out=S)
         return _up_into(S)
 
-    def times(self, A: np.ndarray, *, fine: bool = False, S: np.ndarray | None = None) -> Enclosure:
+    def times(self, A: np.ndarray, *, fine: bool = False, S: np.ndarray | None = None,
+              abs_a: np.ndarray | None = None) -> Enclosure:
         """The enclosure of ``A @ B`` (float64 exceptions are expected: call it under np.errstate);
         ``fine``: from the six products, where B has a quick cut (:attr:`refinable`).  ``S`` may
-        pass the bound on ``|A| @ |B|`` that an earlier enclosure of the same A made."""
+        pass the bound on ``|A| @ |B|`` that an earlier enclosure of the same A made; ``abs_a``,
+        |A| in float32 with every value exact, made as A was read (narrow A only)."""
         if self.narrow:
-            return self._narrow(A)
+            return self._narrow(A, abs_a)
         return self._sliced(A, self._fine() if fine and self.refinable else self.cut, S)
 
-    def _narrow(self, A: np.ndarray) -> Enclosure:
+    def _narrow(self, A: np.ndarray, abs_a: np.ndarray | None = None) -> Enclosure:
         hi = A @ self.B
         g = gamma(max(self.K - 1, 0), U64)
         # Products are exact, so float64 sums err by at most gamma_{K-1} * sum|terms|.
-        S, rad = self.bound_and_radius(A, g)
+        S, rad = self.bound_and_radius(A, g, abs_a)
         return Enclosure(hi, np.zeros(hi.shape), rad, S, lo_zero=True)
 
     def _fusable(self, A: np.ndarray, cut: _Slicing, S: np.ndarray | None, RA_rows: np.ndarray) -> bool:

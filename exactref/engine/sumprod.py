@@ -59,6 +59,10 @@ class MatmulTerm:
     right: products.Right | None = field(default=None, repr=False, compare=False)
     # The bound S of the last quick enclosure, where the term can refine (see enclose).
     _S: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # |A| and |B| in float32, exact, where the op made them as it read narrow A and B
+    # (ops/matmul.py): the operands of products.Right's float32 bound on |A| |B|.
+    abs_A: np.ndarray | None = field(default=None, repr=False, compare=False)
+    abs_B: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -72,7 +76,8 @@ class MatmulTerm:
     def prepare(self) -> None:
         """Prepare B, once for all the blocks of rows."""
         if self.right is None:
-            self.right = products.Right(self.B, narrow=self.narrow, pieces=True, quick=True)
+            self.right = products.Right(self.B, narrow=self.narrow, pieces=True, quick=True,
+                                        abs_b=self.abs_B if self.narrow else None)
 
     @property
     def refinable(self) -> bool:
@@ -82,7 +87,7 @@ class MatmulTerm:
     def enclose(self, shape: tuple[int, ...], fine: bool = False) -> fast.Enclosure:
         self.prepare()
         if not fine:
-            enc = self.right.times(self.A)
+            enc = self.right.times(self.A, abs_a=self.abs_A if self.narrow else None)
             # Kept for a fine enclosure of these rows (_solve_block): the bound on |A| |B| is the
             # same, and its float32 product costs about half of one of the six float64 ones.
             self._S = enc.S if self.right.refinable else None
@@ -93,7 +98,8 @@ class MatmulTerm:
     def rows(self, start: int, stop: int, shape: tuple[int, ...]) -> MatmulTerm:
         """The term of the output rows ``start:stop`` (axis -2)."""
         self.prepare()
-        return MatmulTerm(self.coef, self.A[..., start:stop, :], self.B, self.narrow, self.right)
+        return MatmulTerm(self.coef, self.A[..., start:stop, :], self.B, self.narrow, self.right,
+                          abs_A=None if self.abs_A is None else self.abs_A[..., start:stop, :])
 
     def gather(self, idx: np.ndarray, shape: tuple[int, ...],
                cols: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:

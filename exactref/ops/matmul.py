@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _fused
 from .._convert import Operand, operand, values_checked, values_of
 from .._parallel import elementwise
 from ..engine.fast import gamma, up
@@ -109,12 +110,17 @@ def _embed(X: np.ndarray, Y: np.ndarray, complex_: bool) -> list[tuple[np.ndarra
 
 
 def _product_terms(X: np.ndarray, Y: np.ndarray, coef: float | complex, fmt: Format | ComplexFormat, *,
-                   drop_zero: bool) -> list[list[Term]]:
+                   drop_zero: bool, magnitudes: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
+                   ) -> list[list[Term]]:
+    """The terms per part of ``coef * (X @ Y)``; ``magnitudes``: |X| and |Y| in float32, exact, where
+    the op made them as it read them (real operands only: see _read)."""
     narrow = 2 * part_of(fmt).p <= 53
+    abs_X, abs_Y = magnitudes if narrow and not fmt.is_complex else (None, None)
     if coef == 1 and not fmt.is_complex:
-        return [[MatmulTerm(1.0, X, Y, narrow)]]  # what scaled() gives, without its set-up
+        # What scaled() gives, without its set-up.
+        return [[MatmulTerm(1.0, X, Y, narrow, abs_A=abs_X, abs_B=abs_Y)]]
     pairs = _embed(X, Y, fmt.is_complex)
-    makers = [lambda c, xy=xy: MatmulTerm(c, xy[0], xy[1], narrow) for xy in pairs]
+    makers = [lambda c, xy=xy: MatmulTerm(c, xy[0], xy[1], narrow, abs_A=abs_X, abs_B=abs_Y) for xy in pairs]
     return [scaled(coef, makers, p, drop_zero=drop_zero) for p in range(len(pairs))]
 
 
@@ -315,9 +321,8 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     check_bytes(op, math.prod(shape2) * 24 * 8 + (a.array.size + 6 * b.array.size) * 8
                 + (256 << 20), "the product")
     # Read only from here on.  Whether each operand is finite is learned as it is copied or
-    # widened (values_checked).
-    A2, finite_a = values_checked(a, fmt, own=True)
-    B2, finite_b = values_checked(b, fmt, own=True)
+    # widened (_read), and so, for float32 operands, are their magnitudes.
+    (A2, finite_a, abs_a), (B2, finite_b, abs_b) = _read(a, fmt), _read(b, fmt)
     A2, B2 = A2.reshape(a2s), B2.reshape(b2s)
     fin = part_of(fmt)
     # torch.addmm on float32/float64 (a BLAS) skips A @ B when alpha is 0; the
@@ -345,13 +350,17 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     all_finite = (not use_c or _all_finite(Cv)) and (not use_ab or (finite_a and finite_b))
     zA, zB = (A2, B2) if all_finite or not use_ab else (zero_nonfinite(A2), zero_nonfinite(B2))
     zC = None if not use_c else Cv if all_finite else zero_nonfinite(Cv)
+    # The magnitudes are those of zA and zB where the operands are finite (they are A2 and B2).
+    magnitudes = (None, None) if not all_finite else \
+        tuple(None if m is None else m.reshape(s2) for m, s2 in ((abs_a, a2s), (abs_b, b2s)))
 
     def terms(finite: bool) -> list[list[Term]]:
         coef = alpha if finite else alpha_held
         parts = [[] for _ in range(2 if fmt.is_complex else 1)]
         if use_ab:
             X, Y = (zA, zB) if finite else (A2, B2)
-            for p, t in enumerate(_product_terms(X, Y, coef, fmt, drop_zero=c is not None and coef != 0)):
+            for p, t in enumerate(_product_terms(X, Y, coef, fmt, drop_zero=c is not None and coef != 0,
+                                                 magnitudes=magnitudes if finite else (None, None))):
                 parts[p] += t
         if use_c:
             for p, t in enumerate(_array_terms(zC if finite else Cv, beta, fmt, drop_zero=True)):
@@ -410,6 +419,17 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
 
     typical = _typical(dot, fin, model) if c is None and rows is None else None
     return build(op, fmt, shape2, specs, model, out_shape=out_shape, backward=backward, typical=typical)
+
+
+def _read(o: Operand, fmt: Format | ComplexFormat) -> tuple[np.ndarray, bool, np.ndarray | None]:
+    """An operand's float64 values (its own copy), whether every one is finite, and, for a float32
+    operand, their magnitudes in float32 (engine.products' bound on |A| |B| multiplies them), in
+    one pass where exactref/_fused.py's loop applies; else the magnitudes are None."""
+    if not fmt.is_complex and o.array.dtype == np.float32:
+        read = _fused.read_float32(o.array)
+        if read is not None:
+            return read
+    return (*values_checked(o, fmt, own=True), None)
 
 
 def _input_rounding(X: np.ndarray, Y: np.ndarray, fin: Format,

@@ -319,6 +319,63 @@ def test_an_op_gives_the_same_result_with_the_loops_and_without(monkeypatch, sha
         assert _same(g, w)
 
 
+def test_read_float32_widens_checks_and_takes_magnitudes() -> None:
+    rng = np.random.default_rng(9)
+    f32 = np.finfo(np.float32)
+    x = (rng.standard_normal(N) * 2.0 ** rng.integers(-150, 125, N)).astype(np.float32)
+    x[:6] = [0.0, -0.0, f32.smallest_subnormal, -f32.max, f32.max, -f32.tiny]
+    for bad in (None, 0, N // 2, N - 1):
+        for value in ((np.inf, -np.inf, np.nan) if bad is not None else (None,)):
+            y = x.copy()
+            if bad is not None:
+                y[bad] = value
+            values, finite, magnitudes = _fused.read_float32(y.reshape(3, -1) if N % 3 == 0 else y)
+            assert _same(values.reshape(-1), y.astype(np.float64))
+            assert _same(magnitudes.reshape(-1), np.abs(y)) and magnitudes.dtype == np.float32
+            assert finite is (bad is None) and not np.shares_memory(values, y)
+    assert _fused.read_float32(x[::2]) is None  # (not contiguous)
+    assert _fused.read_float32(x[:100]) is None  # (small)
+    assert _fused.read_float32(x.astype(np.float64)) is None
+
+
+@pytest.mark.parametrize("case", ["huge B", "tiny A rows", "huge A", "B not contiguous", "gemm", "vector", "batched"])
+def test_magnitudes_read_with_the_operands_give_the_same_result(monkeypatch, case) -> None:
+    # A float32 matmul's operands are read with their magnitudes (ops/matmul.py's _read), which
+    # engine.products' float32 bound on |A| |B| multiplies: where a magnitude lies outside
+    # [2**-60, 2**60] (a block of A's rows, or B), the bound is made in float64, as without them.
+    rng = np.random.default_rng(13)
+    A = (rng.standard_normal((96, 64)) * 2.0 ** rng.integers(-20, 20, (96, 64))).astype(np.float32)
+    B = (rng.standard_normal((64, 80)) * 2.0 ** rng.integers(-20, 20, (64, 80))).astype(np.float32)
+    C = rng.standard_normal((96, 80)).astype(np.float32)
+    if case == "huge B":
+        B[3, 7] = 2.0 ** 100  # (a float32 product of |A| |B| would overflow)
+    elif case == "tiny A rows":
+        A[5, :3] = 2.0 ** -100
+    elif case == "huge A":
+        A[90, 1] = 2.0 ** 100
+    elif case == "B not contiguous":
+        B = np.asfortranarray(B)
+    elif case == "vector":
+        B = B[:, 0].copy()
+        A = np.concatenate([A] * 50)
+    elif case == "batched":
+        A = np.stack([A, -A, A * 2])
+    read = _fused.read_float32
+    calls = []
+    monkeypatch.setattr(_fused, "read_float32", lambda x: calls.append(x.shape) or read(x))
+
+    def run() -> list[np.ndarray]:
+        res = er.gemm(A, B, C, alpha=3.0, beta=0.5) if case == "gemm" else er.matmul(A, B)
+        return _fields(res) + [np.float64(res.exact((1,) * res.rounded.ndim))]
+    with_magnitudes = run()
+    # (B of 64 values is too small for the loop, and a Fortran-ordered one is not contiguous.)
+    assert calls and (read(A) is not None) and (read(B) is None) is (case in ("B not contiguous", "vector"))
+    monkeypatch.setattr(_fused, "read_float32", lambda x: None)
+    without = run()
+    for g, w in zip(with_magnitudes, without):
+        assert _same(g, w)
+
+
 def test_a_small_block_never_asks_for_numba(monkeypatch) -> None:
     def unavailable() -> bool:
         raise AssertionError("numba asked for on a small block")
