@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "decide_float64", "decide_narrow", "decides", "group_sums", "judge_into", "judges",
-           "quick_cut", "scaled_bound", "usable", "widen_float32"]
+__all__ = ["available", "decide_float64", "decide_narrow", "decides", "judge_into", "judges", "quick_cut",
+           "read_float32", "scaled_bound", "usable", "widen_float32"]
 
 # Elements below which a block keeps the numpy code.  There the loops gain microseconds (a
 # float32 judgement of 4096 elements took 26 us against numpy's 41), and a smaller threshold would
@@ -76,14 +76,13 @@ def available() -> bool:
 # The compiled helpers that the loops call, set when first built.  A loop names them as globals of
 # this module, not as variables of its factory's closure: numba's disk cache misses a function
 # whose closure holds another compiled function, in every process, and then compiles it again
-# (1.7 s for group_sums' loop) and adds one more entry to the cache.
+# (1.7 s for exactref/_fused_sums.py's loop) and adds one more entry to the cache.
 _BITS: Any = None
 _FROM_BITS: Any = None
 _OUTWARD: Any = None
 _ROUND_BITS: Any = None
 _SLACKENED: Any = None
 _FINISH: Any = None
-_SECOND_LEVEL: Any = None
 _GAPS: Any = None
 
 
@@ -732,119 +731,3 @@ def quick_cut(P0: np.ndarray, P1: np.ndarray, rest1: np.ndarray | None, rest2: n
                       np.ascontiguousarray(lowA, dtype=np.int64), np.ascontiguousarray(lowB, dtype=np.int64),
                       hi, lo, rad)
     return hi, lo, rad
-
-
-# The groups of a float32 sum's first level (group_sums): GROUP values each, lying across LANES
-# lanes: group j of a bunch of GROUP * LANES values takes its values j, j + LANES, j + 2 LANES, ...
-# So the loop adds LANES contiguous values to LANES accumulators at a time, which the compiler
-# vectorises.  Both are constants of the machine code (measured on one thread, 10**6 values:
-# 16 lanes took 0.41 ms, not vectorised, 128 lanes 0.14; GROUP passed as an argument, 0.34).
-GROUP = 64
-LANES = 128
-
-
-@functools.lru_cache(maxsize=1)
-def _group_sums_loop() -> Callable[..., None]:
-    lanes, width = LANES, GROUP
-
-    @_jit()
-    def second(s, a, cols, f, fa, k):
-        # The second level: the first cols sums of s (and of a), in groups of width, each added
-        # one after another from 0.0, into f[k], f[k + 1], ... (and fa).
-        for h in range((cols + width - 1) // width):
-            t = 0.0
-            t_abs = 0.0
-            for j in range(h * width, min(cols, (h + 1) * width)):
-                t += s[j]
-                t_abs += a[j]
-            f[k + h] = t
-            fa[k + h] = t_abs
-
-    global _SECOND_LEVEL
-    _SECOND_LEVEL = second
-
-    @_jit()
-    def loop(x, out, copy, r0, r1, c0, c1, first, first_abs):
-        # Each group's values added in float64 one after another from 0.0 (the first addition
-        # exact), and their absolute values; then those sums, by second() (_SECOND_LEVEL), into
-        # first and first_abs; x's rows r0..r1 and columns c0..c1 (c0 at a bunch's start) copied into out
-        # where ``copy``.
-        bunch = width * lanes
-        T = x.shape[1]
-        end = min(c1, T)
-        full = (end - c0) // bunch
-        s, a = np.empty(lanes), np.empty(lanes)
-        for r in range(r0, r1):
-            xr, orow, f, fa = x[r], out[r], first[r], first_abs[r]
-            for b in range(full):
-                b0 = c0 + b * bunch
-                s[:] = 0.0
-                a[:] = 0.0
-                for i in range(width):
-                    # (A view per row of lanes: indexing xr at b0 + i * lanes + j, which the
-                    # compiler cannot prove nonnegative, kept the loop from vectorising, 0.35
-                    # against 0.11 ms for 10**6 values.)
-                    xs = xr[b0 + i * lanes:b0 + (i + 1) * lanes]
-                    for j in range(lanes):
-                        v = np.float64(xs[j])
-                        s[j] += v
-                        a[j] += abs(v)
-                if copy:  # (the bunch, 32 KiB, is still in cache; a loop, faster than a slice's copy)
-                    xs = xr[b0:b0 + bunch]
-                    os = orow[b0:b0 + bunch]
-                    for t in range(bunch):
-                        os[t] = xs[t]
-                _SECOND_LEVEL(s, a, lanes, f, fa, b0 // (width * width))
-            b0 = c0 + full * bunch
-            n = end - b0
-            if n > 0:
-                # The last, short bunch: its groups lie across cols lanes (as many values as a
-                # full group, but for the last ones, past the row's end).
-                cols = (n + width - 1) // width
-                s[:] = 0.0
-                a[:] = 0.0
-                for i in range(width):
-                    for j in range(cols):
-                        t = i * cols + j
-                        if t < n:
-                            v = np.float64(xr[b0 + t])
-                            s[j] += v
-                            a[j] += abs(v)
-                if copy:
-                    orow[b0:end] = xr[b0:end]
-                _SECOND_LEVEL(s, a, cols, f, fa, b0 // (width * width))
-
-    return loop
-
-
-def group_sums(block: np.ndarray, out: np.ndarray | None, width: int
-               ) -> tuple[np.ndarray, np.ndarray, Callable[[int, int, int, int], None]] | None:
-    """The first two levels of engine.fast's sums of a 2-D float32 block, by a compiled loop: each
-    row's sums of groups of ``width`` values and of their absolute values, both in float64, and
-    those sums' own sums in groups of ``width``; and a copy of the block into ``out`` (of its
-    shape) as it is read.  Returns ``(second, second_abs, run)``, the second level's arrays: call
-    ``run(r0, r1, c0, c1)`` for the blocks of rows and columns to fill, c0 a multiple of
-    ``GROUP * LANES`` (each call writes only its own block's groups, and releases the GIL, so
-    blocks run side by side).  None where it does not apply (numba missing, a small or
-    non-contiguous block, not float32, or ``width`` other than GROUP).
-
-    Each group sum, at either level, is made of at most ``width`` values added one after another
-    from 0.0: at most ``width - 1`` roundings, so it errs by at most gamma_(width-1) of its
-    absolute sum (engine.fast's bound for a level's group added in any order), and so does each
-    sum of absolute values.  Which values form a group differs from the numpy code's (see LANES):
-    the sums are the same to within those bounds, not bit for bit."""
-    arrays = (block,) if out is None else (block, out)
-    if width != GROUP or np.ndim(block) != 2 or not _plain(*arrays, dtype=np.float32):
-        return None
-    rows, T = block.shape
-    m = -(-T // (width * width))
-    first, first_abs = np.empty((rows, m)), np.empty((rows, m))
-    loop = _group_sums_loop()
-    copy = out is not None
-    # (Not written where copy is False; a writable stand-in, since numba compiles a read-only
-    # array as a type that cannot be written, even in a branch not taken.)
-    dst = np.empty((rows, 0), np.float32) if out is None else out
-
-    def run(r0: int, r1: int, c0: int, c1: int) -> None:
-        loop(block, dst, copy, r0, r1, c0, c1, first, first_abs)
-    return first, first_abs, run

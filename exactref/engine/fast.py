@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _fused
+from .. import _fused, _fused_sums
 from .._parallel import for_each, for_each_slice, serially
 from ..rounding import next_up
 
@@ -307,7 +307,7 @@ def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enc
 
 def _compiled(X: np.ndarray) -> bool:
     """Whether X's first levels take the compiled loop, which copies as it reads at every size: its
-    own test of a block (exactref/_fused.py's group_sums)."""
+    own test of a block (exactref/_fused_sums.py's group_sums)."""
     return _fused._plain(X, dtype=np.float32)
 
 
@@ -381,7 +381,7 @@ _FUSED_CHUNK = 1 << 17
 # at 4 * 10**6 against 4.42; at 10**7 (full blocks) both 13.0-13.2 ms, and at 10**8 sharing
 # won, 112 ms against 153.  So only full blocks of _SUM_BLOCK values share.
 _FUSED_PARALLEL = _SUM_BLOCK
-# The compiled first levels (exactref/_fused.py's group_sums) share out their blocks in parts
+# The compiled first levels (exactref/_fused_sums.py's group_sums) share out their blocks in parts
 # of about _LOOP_CHUNK values, from _FUSED_PARALLEL values on too.  Measured on 2 cores, each
 # whole sum right after torch's float64 sum of the same values, medians of 61 calls alternating
 # in one process, shared out from 2**18 values against serially: 0.22-0.23 against 0.20-0.21 ms
@@ -457,17 +457,17 @@ def _first_level(block: np.ndarray, out: np.ndarray | None = None
 
 
 def _compiled_levels(block: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, float, int] | None:
-    """:func:`_first_level`'s result from exactref/_fused.py's group_sums, which makes the first two
+    """:func:`_first_level`'s result from exactref/_fused_sums.py's group_sums, which makes the first two
     levels of a float32 block's sums (each group of at most _SUM_WIDTH values added in float64,
     so each errs by at most gamma_63 of its absolute sum, at both levels, for the sums of
     absolute values too), in one pass; None where the loop does not apply (see group_sums)."""
-    compiled = _fused.group_sums(block, out, _SUM_WIDTH) if block.dtype == np.float32 else None
+    compiled = _fused_sums.group_sums(block, out, _SUM_WIDTH) if block.dtype == np.float32 else None
     if compiled is None:
         return None
     second, second_abs, run = compiled
     rows, T = block.shape
     # Parts of about _LOOP_CHUNK values: whole bunches of a long row, or several short rows.
-    bunch = _fused.GROUP * _fused.LANES
+    bunch = _fused_sums.GROUP * _fused_sums.LANES
     width = min(T, max(1, _LOOP_CHUNK // bunch) * bunch)
     height = max(1, _LOOP_CHUNK // width)
     parts = [(r, min(rows, r + height), c, min(T, c + width)) for r in range(0, rows, height)

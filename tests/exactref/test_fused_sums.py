@@ -1,8 +1,8 @@
-"""exactref/_fused.py's group_sums: the compiled first two levels of a long float32 sum.
+"""exactref/_fused_sums.py's group_sums: the compiled first two levels of a long float32 sum.
 
 Unlike the other loops, it does not make the numpy code's values (that code
 adds in the BLAS's order, which no loop can repeat): it adds in an order of
-its own, documented in _fused.py.  So it is checked three ways:
+its own, documented in _fused_sums.py.  So it is checked three ways:
 
 * bit for bit against that order, emulated here with numpy's elementwise
   float64 additions (each IEEE's, as the loop's);
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import exactref as er
-from exactref import _fused
+from exactref import _fused, _fused_sums
 from exactref.engine import fast
 
 from .oracle import round_fraction
@@ -76,7 +76,7 @@ def _wide(rng: np.random.Generator, shape: tuple[int, ...], special: bool = Fals
 
 
 def test_the_order_the_tests_emulate_is_the_loops() -> None:
-    assert (_fused.GROUP, _fused.LANES) == (G, L) == (fast._SUM_WIDTH, L)
+    assert (_fused_sums.GROUP, _fused_sums.LANES) == (G, L) == (fast._SUM_WIDTH, L)
 
 
 @pytest.mark.parametrize(("rows", "T", "special"), [
@@ -89,7 +89,7 @@ def test_group_sums_add_in_their_documented_order_and_copy(rows: int, T: int, sp
     want, want_abs = _emulated(x)
     for parts in (1, 3):  # in one call, and in blocks of rows and whole bunches (as threads take them)
         out = np.full_like(x, np.nan)
-        made = _fused.group_sums(x, out, G)
+        made = _fused_sums.group_sums(x, out, G)
         assert made is not None
         second, second_abs, run = made
         cuts = sorted({0, T, *(BUNCH * rng.integers(0, -(-T // BUNCH) + 1, parts - 1)).tolist()})
@@ -101,7 +101,7 @@ def test_group_sums_add_in_their_documented_order_and_copy(rows: int, T: int, sp
         assert np.array_equal(_bits(second_abs), _bits(want_abs)), parts
         assert np.array_equal(out.view(np.uint32), x.view(np.uint32)), parts  # (NaN's bits too)
     # Without out, the same sums.
-    second, second_abs, run = _fused.group_sums(x, None, G)
+    second, second_abs, run = _fused_sums.group_sums(x, None, G)
     run(0, rows, 0, T)
     assert np.array_equal(_bits(second), _bits(want)) and np.array_equal(_bits(second_abs), _bits(want_abs))
 
@@ -117,7 +117,7 @@ def test_group_sums_are_within_two_levels_of_gamma_63(kind: str) -> None:
         x = np.repeat(rng.standard_normal(T // 2).astype(np.float32) * np.float32(2.0 ** 40), 2)[None, :]
         x[0, 1::2] *= -1
         x[0, ::7] = rng.standard_normal(x[0, ::7].size).astype(np.float32)
-    second, second_abs, run = _fused.group_sums(x, None, G)
+    second, second_abs, run = _fused_sums.group_sums(x, None, G)
     run(0, 1, 0, x.shape[1])
     g = Fraction(63, 2 ** 53) / (1 - Fraction(63, 2 ** 53))
     for k in range(second.shape[1]):
@@ -156,8 +156,8 @@ def test_the_first_level_fills_every_part_it_cuts(monkeypatch, rows: int, T: int
         return  # (an op sums rows this short another way)
     # And through an op, on its threads: sums along the last axis, the same with the loop and without.
     ran = []
-    real = _fused.group_sums
-    monkeypatch.setattr(_fused, "group_sums", lambda *a: ran.append(1) or real(*a))
+    real = _fused_sums.group_sums
+    monkeypatch.setattr(_fused_sums, "group_sums", lambda *a: ran.append(1) or real(*a))
     got = er.sum(x, axis=1).rounded
     assert ran
     monkeypatch.setattr(_fused, "available", lambda: False)
@@ -190,7 +190,7 @@ def test_a_long_float32_sum_is_the_exact_one_with_the_loop_and_without(monkeypat
 
 
 def test_a_short_or_non_float32_block_keeps_the_numpy_code() -> None:
-    assert _fused.group_sums(np.ones((1, _fused.MIN_SIZE - 1), np.float32), None, G) is None
-    assert _fused.group_sums(np.ones((1, BUNCH)), None, G) is None  # float64
-    assert _fused.group_sums(np.ones((2, BUNCH), np.float32)[:, ::2], None, G) is None  # not contiguous
-    assert _fused.group_sums(np.ones((1, BUNCH), np.float32), None, 32) is None  # another width
+    assert _fused_sums.group_sums(np.ones((1, _fused.MIN_SIZE - 1), np.float32), None, G) is None
+    assert _fused_sums.group_sums(np.ones((1, BUNCH)), None, G) is None  # float64
+    assert _fused_sums.group_sums(np.ones((2, BUNCH), np.float32)[:, ::2], None, G) is None  # not contiguous
+    assert _fused_sums.group_sums(np.ones((1, BUNCH), np.float32), None, 32) is None  # another width
