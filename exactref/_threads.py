@@ -19,7 +19,13 @@ Only the BLAS pools are limited: ExactRef runs no OpenMP code of its own,
 and limiting torch's OpenMP pool as well measured no further gain.
 
 An outermost entry costs about 13 microseconds (threadpoolctl's limit and
-restore, about 10 of them); a nested one well under one.  Worse, raising the
+restore, about 10 of them); a nested one well under one.  threadpoolctl's
+limit reads every library's version and more before it sets the limit (15
+microseconds on 2 cores, 40 to 70 right after a torch op): so its limiter is
+kept, and entered again by the next op while the libraries' threads are
+still those it saved, with the limit set again through its controllers
+(threadpoolctl's own calls, so that its rule of one thread controlling
+OpenBLAS holds as before).  Worse, raising the
 limit back wakes OpenBLAS's workers, which then spin beside the next op: on
 2 shared cores, small matmuls (sides 1 to 8, forward, backward and covers,
 benchmarks/bench_matmul.py) ran about 1,100 a second with the limit and
@@ -87,6 +93,7 @@ _local = threading.local()  # .depth: how many ops this thread is inside; .relea
 _lock = threading.Lock()
 _owner: int | None = None  # the thread whose outermost op holds the limit
 _held: Any = None  # threadpoolctl's limiter of the owner; exiting it restores the limits
+_kept: tuple[Any, list[int]] | None = None  # the last limiter, and the threads it saved (see _limit)
 _blas: Any = None  # threadpoolctl's controller of the loaded BLAS libraries
 _pauses: list[Any] | None = None  # omp_pause_resource_all of each loaded libgomp
 _width = 1  # the owner's BLAS threads before its limit: the threads its blocks may use (_parallel)
@@ -106,9 +113,9 @@ def rescan() -> None:
     """Have the next op scan the loaded BLAS libraries again, so that one ExactRef's own imports
     loaded since (numba imports scipy, which brings its BLAS) is held to the limit like the rest;
     and the OpenMP runtimes, for :func:`release_openmp`."""
-    global _blas, _pauses
+    global _blas, _pauses, _kept
     with _lock:
-        _blas = _pauses = None
+        _blas = _pauses = _kept = None
 
 
 def _openmp_pauses() -> list[Any]:
@@ -142,12 +149,28 @@ def _limit() -> None:
         if _owner is not None:
             return
         blas = _controller()
-        before = max([lib.get_num_threads() or 1 for lib in blas.lib_controllers] + [1])
+        threads = [lib.get_num_threads() for lib in blas.lib_controllers]
+        before = max([n or 1 for n in threads] + [1])
         if before <= _BLAS_THREADS:
             return  # already single-threaded (OPENBLAS_NUM_THREADS=1, one core): nothing to undo
-        held = blas.limit(limits=_BLAS_THREADS)
+        held = _limiter(blas, threads)
         held.__enter__()
         _held, _owner, _width = held, threading.get_ident(), before
+
+
+def _limiter(blas: Any, threads: list[int]) -> Any:
+    """threadpoolctl's limiter of the BLAS libraries to _BLAS_THREADS, its limit set (called under
+    the lock).  The last one is kept: where the libraries still have the threads it saved, the
+    same limiter restores them right, and its limit is set again by each library's controller."""
+    global _kept
+    if _kept is not None and _kept[1] == threads:
+        held = _kept[0]
+        for lib in blas.lib_controllers:
+            lib.set_num_threads(_BLAS_THREADS)
+        return held
+    held = blas.limit(limits=_BLAS_THREADS)
+    _kept = (held, threads)
+    return held
 
 
 def _restore() -> None:

@@ -151,13 +151,12 @@ def test_an_argument_error_restores_the_limit(outer):
 
 def test_nested_ops_limit_once_and_restore_only_at_the_outermost(outer, monkeypatch):
     limits: list[Any] = []
-    controller = threads._controller()
-    real_limit = controller.limit
+    real_limiter = threads._limiter
 
-    def counting_limit(*args: Any, **kwargs: Any) -> Any:
-        limits.append(kwargs)
-        return real_limit(*args, **kwargs)
-    monkeypatch.setattr(controller, "limit", counting_limit)
+    def counting_limiter(*args: Any) -> Any:
+        limits.append(args[1])
+        return real_limiter(*args)
+    monkeypatch.setattr(threads, "_limiter", counting_limiter)
     seen: list[list[int]] = []
     forward = er.matmul._forward
 
@@ -169,9 +168,30 @@ def test_nested_ops_limit_once_and_restore_only_at_the_outermost(outer, monkeypa
     monkeypatch.setattr(er.matmul, "_forward", outer_forward)
     er.matmul(M, M).backward(M)
     # One limit for the outer call, one for the result's backward; none for the inner ops.
-    assert limits == [{"limits": 1}, {"limits": 1}]
+    assert limits == [[OUTER] * len(blas_threads())] * 2
     assert seen == [[1] * len(blas_threads())]
     assert set(blas_threads()) == {OUTER}
+
+
+def test_the_kept_limiter_serves_only_the_threads_it_saved(monkeypatch):
+    # threadpoolctl's limiter is kept from one op to the next (its set-up reads every library's
+    # version), and entered again only while the libraries have the threads it saved: after an op
+    # under the caller's own limit, the threads are that limit's, and after the next op outside
+    # it, the default's.
+    er.matmul(M, M)
+    default = blas_threads()
+    assert set(default) != {OUTER}
+    seen: list[list[int]] = []
+    monkeypatch.setattr(er.matmul, "_forward", spy(seen, er.matmul._forward))
+    kept = threads._kept
+    with threadpoolctl.threadpool_limits(limits=OUTER, user_api="blas"):
+        er.matmul(M, M)
+        assert blas_threads() == [OUTER] * len(default)
+    assert threads._kept is not kept  # (made again for the caller's limit)
+    er.matmul(M, M)
+    er.matmul(M, M)
+    assert blas_threads() == default
+    assert seen == [[1] * len(default)] * 3
 
 
 def test_other_threads_can_set_blas_limits_after_a_call():
