@@ -331,10 +331,11 @@ def _blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
 
 
 def _release(terms: list[Term]) -> None:
-    """Drop B's prepared slices: they are needed no more (the exact values use A and B alone)."""
+    """Drop B's prepared slices and the operands' magnitudes: they are needed no more (the exact
+    values use A and B alone), and a result keeps its terms."""
     for t in terms:
         if isinstance(t, MatmulTerm):
-            t.right = t._S = None
+            t.right = t._S = t.abs_A = t.abs_B = None
 
 
 def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:

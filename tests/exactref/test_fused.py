@@ -9,9 +9,11 @@ without them.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -374,6 +376,26 @@ def test_magnitudes_read_with_the_operands_give_the_same_result(monkeypatch, cas
     without = run()
     for g, w in zip(with_magnitudes, without):
         assert _same(g, w)
+
+
+def test_a_result_keeps_no_magnitudes_of_its_operands(monkeypatch) -> None:
+    # The magnitudes serve the bound on |A| |B| while the op solves; the result keeps A and B's
+    # values (for exact values on demand) but not them.
+    made: list[weakref.ref] = []
+    read = _fused.read_float32
+
+    def reading(x: np.ndarray) -> tuple | None:
+        got = read(x)
+        if got is not None:
+            made.append(weakref.ref(got[2]))
+        return got
+    monkeypatch.setattr(_fused, "read_float32", reading)
+    rng = np.random.default_rng(3)
+    A, B = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
+    res = er.matmul(A, B)
+    gc.collect()
+    assert len(made) == 2 and all(ref() is None for ref in made)
+    assert res.exact((0, 0)) is not None
 
 
 def test_a_small_block_never_asks_for_numba(monkeypatch) -> None:
