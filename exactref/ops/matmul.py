@@ -501,7 +501,8 @@ def _backward(op: str, a: Operand, b: Operand, c: Operand | None, grad: Any, fmt
     shape2 = batch + (a2s[-2], b2s[-1])
     G_out = read_grad(grad, fmt, out_shape, op)
     G = _broadcast(G_out.reshape(shape2), shape2)
-    A_values, B_values = values if values is not None else (values_of(a, fmt, copy=False), values_of(b, fmt, copy=False))
+    A_values, B_values = values if values is not None else \
+        (values_of(a, fmt, copy=False), values_of(b, fmt, copy=False))
     A2 = _broadcast(A_values.reshape(a2s), batch + a2s[-2:])
     B2 = _broadcast(B_values.reshape(b2s), batch + b2s[-2:])
     both_batched = len(a.shape) >= 3 and len(b.shape) >= 3

@@ -11,6 +11,7 @@ summed into: a copy, exact, so its tolerance is zero.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -135,7 +136,7 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
         raise ValueError(f"sum: model={model} has a tensor-core order, which only matmul, gemm and scaled_matmul "
                          "accumulate with; use 'any', 'sequential', 'pairwise' or Blocked(...) with a plain inner order")
     o, axes, keep, out_shape = _reduce(x, axis, keepdims, copy=False)
-    out_size = int(np.prod(out_shape, dtype=np.int64))
+    out_size = math.prod(out_shape)  # (np.prod of a tuple costs several microseconds)
     # The result's arrays, a float64 (or transposed) copy of x at most, and the engine's blocks.
     check_bytes("sum", out_size * _RESULT_BYTES + o.array.size * 16 + _BLOCK_BYTES, "x")
     o, known = _own(o, axes)
@@ -145,7 +146,7 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     # Narrow real values are read as float32 (exact), half the memory of float64:
     # the engine widens only the blocks it works on.
     V = o.array.astype(np.float32, copy=False) if narrow and not fmt.is_complex else values_of(o, fmt)
-    length = int(np.prod([o.shape[i] for i in axes], dtype=np.int64))
+    length = math.prod(o.shape[i] for i in axes)
     moved = np.transpose(V, keep + list(axes)).reshape(tuple(o.shape[i] for i in keep) + (length,))
     n = moved.shape[-1]
     values = [moved.real, moved.imag] if fmt.is_complex else [moved]
