@@ -662,7 +662,7 @@ def read_float32(src: np.ndarray) -> tuple[np.ndarray, bool, np.ndarray] | None:
     float32 (exact), in one pass by a compiled loop: a matmul operand's read (ops/matmul.py),
     whose magnitudes engine.products' bound on |A| |B| multiplies.  None where it does not apply
     (numba missing, a small or non-contiguous array).  (Widening, checking and taking |B| in
-    float32 took 0.25 ms for a 512 x 512 B in three passes, 0.08 in this one.)"""
+    float32 took 0.25 ms for a 512 x 512 B in several passes, 0.08 in this one.)"""
     if not _plain(src, dtype=np.float32):
         return None
     values, absolute = np.empty(src.shape), np.empty(src.shape, dtype=np.float32)

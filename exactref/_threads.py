@@ -18,14 +18,15 @@ on ExactRef's own threads, as many as the BLAS pool had before the limit
 Only the BLAS pools are limited: ExactRef runs no OpenMP code of its own,
 and limiting torch's OpenMP pool as well measured no further gain.
 
-An outermost entry costs about 13 microseconds (threadpoolctl's limit and
-restore, about 10 of them); a nested one well under one.  threadpoolctl's
-limit reads every library's version and more before it sets the limit (15
-microseconds on 2 cores, 40 to 70 right after a torch op): so its limiter is
-kept, and entered again by the next op while the libraries' threads are
-still those it saved, with the limit set again through its controllers
-(threadpoolctl's own calls, so that its rule of one thread controlling
-OpenBLAS holds as before).  Worse, raising the
+threadpoolctl's limit reads every library's version and more before it sets
+the limit (15 microseconds on 2 cores): so its limiter is kept, and entered
+again by the next op while the libraries' threads are still those it saved,
+with the limit set again through its controllers (threadpoolctl's own calls,
+so that its rule of one thread controlling OpenBLAS holds as before).  Then
+an outermost entry's limit costs about 13 microseconds and its restore 5
+(22 and 5 with a new limiter each time; right after a torch matmul the limit
+took 57 to 73 microseconds so, and 30 to 36 kept); a nested entry well under
+one.  Worse, raising the
 limit back wakes OpenBLAS's workers, which then spin beside the next op: on
 2 shared cores, small matmuls (sides 1 to 8, forward, backward and covers,
 benchmarks/bench_matmul.py) ran about 1,100 a second with the limit and
