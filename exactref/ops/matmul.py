@@ -350,7 +350,8 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
     all_finite = (not use_c or _all_finite(Cv)) and (not use_ab or (finite_a and finite_b))
     zA, zB = (A2, B2) if all_finite or not use_ab else (zero_nonfinite(A2), zero_nonfinite(B2))
     zC = None if not use_c else Cv if all_finite else zero_nonfinite(Cv)
-    # The magnitudes are those of zA and zB where the operands are finite (they are A2 and B2).
+    # The magnitudes are those of zA and zB where the operands are finite (they are A2 and B2);
+    # otherwise there are none, for the finite terms or the special ones.
     magnitudes = (None, None) if not all_finite else \
         tuple(None if m is None else m.reshape(s2) for m, s2 in ((abs_a, a2s), (abs_b, b2s)))
 
@@ -360,7 +361,7 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
         if use_ab:
             X, Y = (zA, zB) if finite else (A2, B2)
             for p, t in enumerate(_product_terms(X, Y, coef, fmt, drop_zero=c is not None and coef != 0,
-                                                 magnitudes=magnitudes if finite else (None, None))):
+                                                 magnitudes=magnitudes)):
                 parts[p] += t
         if use_c:
             for p, t in enumerate(_array_terms(zC if finite else Cv, beta, fmt, drop_zero=True)):
