@@ -3,7 +3,7 @@
 Why: numpy makes one pass over memory per operation, and writes each result
 to a new array.  Once a matmul's BLAS products are made, the rest is mostly
 such passes, a few dozen per output element: the bounds on the exact value
-and whether they round alike (engine.sumprod), the bound on |A| |B| widened
+and whether they round alike (engine.decision), the bound on |A| |B| widened
 from its float32 product and the enclosure's radius (engine.products), the
 tolerance and its overflow marks (models._bounds), the acceptance interval,
 the tolerance's slack and the copies into the result's arrays
@@ -369,9 +369,9 @@ def _decide_narrow_loops() -> tuple[Callable[..., None], Callable[..., int]]:
     def float32(c, hi, rad, rounded, x_lo, x_hi, decided, rare):
         for i in range(hi.size):
             h = hi[i]
-            # engine.sumprod._bounds_lo_zero: hi -+ rad, each moved out by its slack.
+            # engine.decision.bounds_lo_zero: hi -+ rad, each moved out by its slack.
             low, high = _OUTWARD(h, h, rad[i], c[0], c[1])
-            # engine.sumprod._decide_narrow: both ends cast to float32 alike (equal bits: equal
+            # engine.decision.decide_narrow: both ends cast to float32 alike (equal bits: equal
             # values, as -0 and +0 are only where the sign test fails), and of one sign.
             r_low = np.float32(low)
             r_high = np.float32(high)
@@ -409,7 +409,7 @@ def decides(fmt: Any) -> bool:
 
 def decide_narrow(hi: np.ndarray, rad: np.ndarray, fmt: Any,
                   out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, ...] | None:
-    """``engine.sumprod``'s rounding to ``fmt`` (one that :func:`decides`) of the values in
+    """``engine.decision``'s rounding to ``fmt`` (one that :func:`decides`) of the values in
     ``hi +- rad`` (an enclosure whose lo is zero): the rounded values, float64 bounds x_lo and x_hi,
     and where decided, by one compiled loop; None where it does not apply (numba missing, a small
     or non-contiguous block).  ``out``: the arrays to write the first three into (see _outputs)."""
@@ -424,10 +424,10 @@ def decide_narrow(hi: np.ndarray, rad: np.ndarray, fmt: Any,
         float32(c, hi.reshape(-1), rad.reshape(-1), *flat, rare)
     elif half(c, _bits_format(fmt), hi.reshape(-1), rad.reshape(-1), *flat, rare):
         # Ends past the format's range or among its subnormals: rounded by the numpy code.
-        from .engine.sumprod import _decide_narrow
+        from .engine.decision import decide_narrow
 
         idx = np.flatnonzero(rare)
-        flat[0][idx], flat[3][idx] = _decide_narrow(flat[1][idx], flat[2][idx], fmt)
+        flat[0][idx], flat[3][idx] = decide_narrow(flat[1][idx], flat[2][idx], fmt)
     return outs
 
 
@@ -457,7 +457,7 @@ def _bitcasts() -> tuple[Callable[..., Any], Callable[..., Any]]:
 
 @functools.lru_cache(maxsize=1)
 def _gaps() -> Callable[..., tuple[float, ...]]:
-    """A jitted step of engine.sumprod's decisions from hi + lo +- r, with s = hi + lo and its error
+    """A jitted step of engine.decision's decisions from hi + lo +- r, with s = hi + lo and its error
     e: s's float64 neighbours and the gaps to them, and e +- r each moved out by nextafter."""
     inf = np.inf
 
@@ -477,17 +477,17 @@ def _decide_float64_loop() -> Callable[..., None]:
     """The loop of :func:`decide_float64`: a vectorised pass for the common case, then the general
     code for the few elements outside it.  Its constants are facts of the float64 format (the
     exponent's bits, the neighbours of powers of two), fixed in the machine code."""
-    from .engine import sumprod as sp
+    from .engine import decision as dc
 
     _bitcasts(), _gaps()  # (the helpers the loop calls: see _BITS)
     inf = np.inf
     f64_max = float(np.finfo(np.float64).max)
-    exp_bits, mant_bits, low_bits, high_bits = sp._EXP_BITS, sp._MANT_BITS, sp._COMMON_LOW, sp._COMMON_HIGH
-    below_one, half_below, half_above, tiny = sp._BELOW, sp._HALF_BELOW, sp._HALF_ABOVE, sp._TINY
+    exp_bits, mant_bits, low_bits, high_bits = dc._EXP_BITS, dc._MANT_BITS, dc._COMMON_LOW, dc._COMMON_HIGH
+    below_one, half_below, half_above, tiny = dc._BELOW, dc._HALF_BELOW, dc._HALF_ABOVE, dc._TINY
 
     @_jit()
     def common(hi, lo, rad, rounded, x_lo, x_hi, decided, rare):
-        # engine.sumprod._decide_float64's common case, its operations in its order, without
+        # engine.decision.decide_float64's common case, its operations in its order, without
         # branches (& on bools, selects), so that the loop is vectorised.  Returns how many
         # elements are rare (the general code's) or loose (decided, but the enclosure may hold a
         # float64), which general() completes.
@@ -539,7 +539,7 @@ def _decide_float64_loop() -> Callable[..., None]:
                 x_lo[i] = np.nextafter(h + np.nextafter(lw - r, -inf), -inf)
                 x_hi[i] = np.nextafter(h + np.nextafter(lw + r, inf), inf)
                 continue
-            # engine.sumprod._decide_float64_general, the definition, with nextafter.
+            # engine.decision.decide_float64_general, the definition, with nextafter.
             s_up, s_down, gap_up, gap_down, upper, lower = _GAPS(s, e, r)
             usable = (abs(h) >= abs(lw)) & (abs(s) < f64_max) & (abs(s) >= 2.0 ** -1021)
             above = usable & (lower > 0) & (upper < gap_up)
@@ -568,7 +568,7 @@ def _decide_float64_loop() -> Callable[..., None]:
 
 def decide_float64(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray,
                    out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, ...] | None:
-    """``engine.sumprod._decide_float64(hi, lo, rad)`` by one compiled loop: the same decisions, and
+    """``engine.decision.decide_float64(hi, lo, rad)`` by one compiled loop: the same decisions, and
     the same values where decided; None where it does not apply (numba missing, a small block,
     arrays not C-contiguous float64 of one shape).  ``out``: as in :func:`decide_narrow`."""
     arrays = (hi, lo, rad)

@@ -1,5 +1,5 @@
 """A compiled loop for the exact path's first try: engine.fast.extract_sum and the decision of
-engine.sumprod._decide_refined, row by row, in one pass over the pieces (numba).
+engine.decision.decide_refined, row by row, in one pass over the pieces (numba).
 
 Why: the exact path gathers, for each element that the products left undecided, the float64
 pieces whose sum is its exact value, and decides most of them by one error-free extraction
@@ -14,7 +14,7 @@ so that the additions overlap), and that bound holds for a sum in any order.  Wh
 decides a row, its rounding and float64 bounds are the exact value's, as the numpy code's are:
 the same values.  A row it leaves (a row of zeros, a sigma out of range, an enclosure that does
 not decide, a rounding outside the bit trick's range) goes to the numpy code as before
-(engine.sumprod._refine).  Like exactref/_fused.py's loops: IEEE arithmetic without fast-math,
+(engine.decision.refine).  Like exactref/_fused.py's loops: IEEE arithmetic without fast-math,
 the GIL released, the machine code kept on disk, and helpers named as globals of this module.
 """
 
@@ -65,7 +65,7 @@ def _loop() -> Callable[..., None]:
 
     @jit
     def decide(hi, lo, rad, mode, f):
-        # engine.sumprod._decide_refined for one row: (decided, value, x_lo, x_hi).
+        # engine.decision.decide_refined for one row: (decided, value, x_lo, x_hi).
         s = hi + lo
         e = (hi - s) + lo  # exact: |hi| >= |lo| is required below
         ordered = abs(hi) >= abs(lo)
@@ -91,7 +91,7 @@ def _loop() -> Callable[..., None]:
 
     @jit
     def grid(P, i):
-        # engine.sumprod._grid of row i: the lowest set bit among its pieces (0 if none is above
+        # engine.decision.grid of row i: the lowest set bit among its pieces (0 if none is above
         # zero's), a power of two of which the exact row sum is a multiple.
         g = inf
         for j in range(P.shape[1]):
@@ -162,7 +162,7 @@ def _loop() -> Callable[..., None]:
 
 def extract_decide(P: np.ndarray, fmt: Any, *, kmin: int, kmax: int, c: float,
                    up_constants: tuple[float, float]) -> tuple[np.ndarray, ...] | None:
-    """``(value, x_lo, x_hi, ok)`` of engine.sumprod._refine's first try for the rows of ``P``, or
+    """``(value, x_lo, x_hi, ok)`` of engine.decision.refine's first try for the rows of ``P``, or
     None where the loop does not apply (numba missing, few pieces, a format it does not round).
 
     ``kmin``, ``kmax`` and ``c`` are extract_sum's range of sigma's exponent and its bound's

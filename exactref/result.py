@@ -168,7 +168,7 @@ def _ends(x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray,
     low_at, high_at = v[0, ...], v[1, ...]  # (views, 0-d ones too)
     np.subtract(x_lo, E, out=low_at)
     np.add(x_hi, E, out=high_at)
-    slack = _slack_into(v, E, np.empty_like(v))  # (in one buffer, as _bounds_lo_zero's)
+    slack = _slack_into(v, E, np.empty_like(v))  # (in one buffer, as engine.decision.bounds_lo_zero's)
     np.subtract(low_at, slack[0, ...], out=low_at)  # (in place: elementwise)
     np.add(high_at, slack[1, ...], out=high_at)
     rounded = round_float64(v, fmt)

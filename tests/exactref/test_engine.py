@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import exactref as er
-from exactref.engine import fast, products, sumprod
+from exactref.engine import decision, fast, products, sumprod
 from exactref.engine.exact import exact_dot_rows, round_rows
 from exactref.formats import FORMATS
 
@@ -226,7 +226,7 @@ def lowest_bit(x: float) -> Fraction:
 @settings(max_examples=300)
 @given(hnp.arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(1, 6)), elements=wide_floats(1070)))
 def test_grid_is_the_lowest_set_bit_of_the_pieces(rows):
-    grid = sumprod._grid(rows)
+    grid = decision.grid(rows)
     for g, row in zip(grid, rows):
         nonzero = [v for v in row if v != 0]
         assert F(g) == (min(lowest_bit(v) for v in nonzero) if nonzero else 0)
@@ -348,7 +348,7 @@ def test_extract_sum_leaves_rows_of_zeros_and_huge_rows_to_the_tree_sum():
 @given(rows=refine_rows())
 def test_refine_decides_only_correctly(name, rows):
     fmt = FORMATS[name]
-    value, lo, hi, ok = sumprod._refine(rows, fmt)
+    value, lo, hi, ok = decision.refine(rows, fmt)
     for i, row in enumerate(rows):
         if not ok[i]:
             continue
@@ -362,7 +362,7 @@ def test_refine_takes_an_exact_float64_sum_of_float32_products_as_exact():
     # The products cancel to 2**-30 + 3 * 2**-60, a float64; the tree sum's bound is not zero.
     row = np.array([[1.0, 2.0 ** -30, -1.0, 3 * 2.0 ** -60, 0.375, -0.375]])
     assert fast.tree_sum(row)[2][0] > 0
-    value, lo, hi, ok = sumprod._refine(row, FORMATS["float32"])
+    value, lo, hi, ok = decision.refine(row, FORMATS["float32"])
     assert ok[0] and lo[0] == hi[0] == 2.0 ** -30 + 3 * 2.0 ** -60
     assert value[0] == np.float32(2.0 ** -30)
 

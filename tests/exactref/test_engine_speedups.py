@@ -3,7 +3,7 @@
 * rounding.next_up / next_down on large float64 arrays (bit arithmetic) against
   math.nextafter, element by element, zeros of both signs, subnormals, the
   largest finite values, infinities and NaN included;
-* sumprod._decide_float64 (no nextafter) against _decide_float64_general, the
+* decision.decide_float64 (no nextafter) against decide_float64_general, the
   nextafter definition, bit for bit, on enclosures at and around every
   threshold (half gaps, gaps, powers of two, the edges of the common range);
 * fast._first_level (the fused first level of a long float32 sum) against the
@@ -22,7 +22,7 @@ import pytest
 
 import exactref as er
 from exactref import _fused, rounding
-from exactref.engine import fast, products, sumprod
+from exactref.engine import decision, fast, products
 
 F64_MAX = float(np.finfo(np.float64).max)
 SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 2.0 ** -1022, -(2.0 ** -1022), 2.0 ** -1022 - 5e-324,
@@ -94,8 +94,8 @@ def test_decide_float64_matches_its_definition(kind: int) -> None:
     for _ in range(20):
         hi, lo, rad = _enclosures(rng, 500, kind)
         with np.errstate(all="ignore"):
-            fast_out = sumprod._decide_float64(hi, lo, rad)
-            ref = sumprod._decide_float64_general(hi, lo, rad)
+            fast_out = decision.decide_float64(hi, lo, rad)
+            ref = decision.decide_float64_general(hi, lo, rad)
         decided = ref[3]
         assert np.array_equal(fast_out[3], decided)
         assert decided.any()

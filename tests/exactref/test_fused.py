@@ -20,7 +20,7 @@ import pytest
 
 import exactref as er
 from exactref import _fused
-from exactref.engine import sumprod
+from exactref.engine import decision
 from exactref.formats import FORMATS
 from exactref.models import _bounds
 from exactref.ops._common import _PART_DTYPES, _slackened
@@ -157,8 +157,8 @@ def test_decide_narrow_is_the_numpy_decision(fmt) -> None:
     odd = rng.random(N) < 0.05
     rad[odd] = rng.choice([0.0, np.inf, np.nan, 5e-324], int(odd.sum()))
     with np.errstate(all="ignore"):
-        x_lo, x_hi = sumprod._bounds_lo_zero(hi, rad)
-        rounded, decided = sumprod._decide_narrow(x_lo, x_hi, fmt)
+        x_lo, x_hi = decision.bounds_lo_zero(hi, rad)
+        rounded, decided = decision.decide_narrow(x_lo, x_hi, fmt)
     got = _fused.decide_narrow(hi, rad, fmt)
     assert decided.any() and not decided.all()
     for g, w in zip(got, (rounded, x_lo, x_hi, decided)):
@@ -186,8 +186,8 @@ def test_decide_float64_makes_the_decisions_of_its_definition(kind) -> None:
     odd = rng.random(N) < 0.03
     rad[odd] = rng.choice([np.inf, np.nan, 0.0], int(odd.sum()))
     with np.errstate(all="ignore"):
-        ref = sumprod._decide_float64_general(hi, lo, rad)
-        fast = sumprod._decide_float64(hi, lo, rad)
+        ref = decision.decide_float64_general(hi, lo, rad)
+        fast = decision.decide_float64(hi, lo, rad)
     got = _fused.decide_float64(hi, lo, rad)
     decided = ref[3]
     assert decided.any() and not decided.all()
@@ -434,10 +434,10 @@ for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
     res.backward(np.ones((256, 256), dtype))
 er.sum(rng.standard_normal(10 ** 6).astype(np.float32))
 # The exact path's compiled first try (exactref/_fused_refine.py), on rows of pieces.
-from exactref.engine import sumprod
+from exactref.engine import decision
 from exactref.formats import FORMATS
 for name in ("float64", "float32", "bfloat16"):
-    sumprod._refine(rng.standard_normal((8, 1024)), FORMATS[name])
+    decision.refine(rng.standard_normal((8, 1024)), FORMATS[name])
 # Attention's backward tolerance (exactref/ops/attention/_loops.py), half and not.
 for dtype in (np.float32, np.float16):
     q, k, v, g = (rng.standard_normal((1, 1, 128, 32)).astype(dtype) for _ in range(4))

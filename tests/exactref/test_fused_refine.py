@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 import exactref as er
 from exactref import _fused, _fused_refine
-from exactref.engine import fast, sumprod
+from exactref.engine import decision, fast
 from exactref.formats import FORMATS
 
 from .oracle import bits_equal, round_fraction, round_value
@@ -104,7 +104,7 @@ def check_decided(P: np.ndarray, name: str) -> np.ndarray:
     """Every row the loop decides has the exact sum's rounding and float64 neighbours; the numpy
     code gives the same values where it decides too.  Returns the loop's ``ok``."""
     value, lo, hi, ok = loop(P, name)
-    v2, lo2, hi2, ok2 = sumprod._refine_numpy(P, FORMATS[name])
+    v2, lo2, hi2, ok2 = decision.refine_numpy(P, FORMATS[name])
     for i, row in enumerate(P):
         if not ok[i]:
             continue
@@ -159,8 +159,8 @@ def test_rows_the_loop_leaves_go_to_the_numpy_code():
     P = np.array([[0.0, -0.0, 0.0], [2.0 ** 1022, -(2.0 ** 1022), 1.0], [1.0, 2.0, 3.0]])
     value, lo, hi, ok = loop(P, "float32")
     assert ok.tolist() == [False, False, True] and value[2] == 6.0
-    got = sumprod._refine(P, FORMATS["float32"])
-    want = sumprod._refine_numpy(P, FORMATS["float32"])
+    got = decision.refine(P, FORMATS["float32"])
+    want = decision.refine_numpy(P, FORMATS["float32"])
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
 

@@ -22,6 +22,7 @@ import pytest
 import exactref as er
 from exactref import _fused, _parallel
 from exactref import _pool as pool_module
+from exactref.engine import decision
 from exactref.engine import sumprod as sumprod_module
 from exactref.ops import _common
 
@@ -119,7 +120,7 @@ def test_float64_matmul_512_with_the_quick_cut_against_fractions(monkeypatch):
     # The elements the quick enclosure leaves to the exact path (which ones: not their values).
     with np.errstate(all="ignore"):
         enc = products.Right(B, narrow=False, quick=True).times(A)
-    hard = np.argwhere(~sumprod_module._decide_float64(enc.hi, enc.lo, enc.rad)[3])
+    hard = np.argwhere(~decision.decide_float64(enc.hi, enc.lo, enc.rad)[3])
     assert len(hard) >= 20 + len(planted), "the quick cut was meant to leave some elements undecided"
     for (i, j), (what, _, expected) in zip(planted, PLANTED):
         assert float(res.rounded[i, j]) == expected, what
