@@ -164,6 +164,28 @@ def test_the_first_level_fills_every_part_it_cuts(monkeypatch, rows: int, T: int
     assert np.array_equal(got, er.sum(x, axis=1).rounded)
 
 
+@pytest.mark.parametrize(("rows", "T"), [(1, 10 * BUNCH + 5), (50, 5000), (7, 3 * BUNCH)])
+def test_a_block_on_one_thread_takes_one_call_of_the_loop(monkeypatch, rows: int, T: int) -> None:
+    # Below _FUSED_PARALLEL values the whole block is one call (each costs microseconds), with the
+    # groups that parts of 2 bunches would have made: those of the documented order.
+    monkeypatch.setattr(fast, "_LOOP_CHUNK", 2 * BUNCH)
+    calls = []
+    real = _fused_sums.group_sums
+
+    def counted(*args):
+        second, second_abs, run = real(*args)
+        return second, second_abs, lambda *cut: calls.append(cut) or run(*cut)
+    monkeypatch.setattr(_fused_sums, "group_sums", counted)
+    x = _wide(np.random.default_rng(rows + 1), (rows, T))
+    assert x.size < fast._FUSED_PARALLEL
+    out = np.full_like(x, np.nan)
+    first, first_abs, _, made = fast._first_level(x, out)
+    want, want_abs = _emulated(x)
+    assert calls == [(0, rows, 0, T)]
+    assert made == 2 and np.array_equal(_bits(first), _bits(want)) and np.array_equal(_bits(first_abs), _bits(want_abs))
+    assert np.array_equal(out, x)
+
+
 @pytest.mark.parametrize("n", [3 * BUNCH + 5, 300_007])
 def test_a_long_float32_sum_is_the_exact_one_with_the_loop_and_without(monkeypatch, n: int) -> None:
     rng = np.random.default_rng(n)
