@@ -1,6 +1,7 @@
-"""Deciding a rounding from an enclosure: which value of a format every number in ``hi + lo +- rad`` rounds to, if one.
+"""Roundings decided from enclosures: the one value of a format that all of ``hi + lo +- rad`` rounds to.
 
-The engine's decisions (:mod:`.sumprod`), apart from its terms and blocks:
+The engine's decisions (:mod:`.sumprod`), apart from its terms and blocks;
+where an enclosure straddles a rounding boundary, none is made:
 
 * :func:`decide_narrow`: both ends of [low, high] rounded to a format of at
   most 51 bits, decided where they agree (:func:`bounds_lo_zero` gives the

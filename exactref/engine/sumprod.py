@@ -8,9 +8,9 @@ one) is a list of *terms*, each contributing ``coef * (sum of products)``:
 
 :func:`solve` encloses every element with the float64 fast path, decides the
 rounding where the enclosure allows it (:mod:`.decision`), and computes the
-rest exactly with integer arithmetic (:mod:`.exact`).  :func:`specials` gives the IEEE special
-values (NaN, +-inf) an evaluation of the same terms produces where an input
-is not finite.
+rest exactly with integer arithmetic (:mod:`.exact`).  :func:`specials` gives
+the IEEE special values (NaN, +-inf) an evaluation of the same terms produces
+where an input is not finite.
 """
 
 from __future__ import annotations
