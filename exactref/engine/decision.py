@@ -83,7 +83,7 @@ _TINY = 2.0 ** -1074  # nextafter(0, +inf)
 
 
 def decide_float64(hi: np.ndarray, lo: np.ndarray,
-                    rad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                   rad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The rounding to float64 of values in ``hi + lo +- rad``, float64 bounds on them, and where decided.
 
     Where the enclosure lies strictly between two adjacent float64 values,
@@ -167,7 +167,7 @@ def decide_float64(hi: np.ndarray, lo: np.ndarray,
 
 
 def decide_float64_general(hi: np.ndarray, lo: np.ndarray,
-                    rad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                           rad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`decide_float64` for any elements, with nextafter: the definition, which the fast
     version follows bit for bit and uses for the elements outside its common case."""
     hi, lo, rad = (np.asarray(v, dtype=np.float64) for v in (hi, lo, rad))
@@ -247,7 +247,7 @@ def refine_numpy(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarra
 
 
 def decide_refined(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray,
-                    fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                   fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`refine`'s decision from the tree sums' enclosures ``hi + lo +- rad``."""
     with np.errstate(invalid="ignore", over="ignore"):
         s = hi + lo
