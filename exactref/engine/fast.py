@@ -471,14 +471,14 @@ def _compiled_levels(block: np.ndarray, out: np.ndarray | None) -> tuple[np.ndar
         # bunches.  (A 10**6 float32 sum right after torch's, medians of 101 alternating in one
         # process, twice: 278 and 320 us against 289 and 327 us in four parts of _LOOP_CHUNK.)
         run(0, rows, 0, T)
-        return second, second_abs, gamma(_SUM_WIDTH - 1, U64), 2
-    # Parts of about _LOOP_CHUNK values: whole bunches of a long row, or several short rows.
-    bunch = _fused_sums.GROUP * _fused_sums.LANES
-    width = min(T, max(1, _LOOP_CHUNK // bunch) * bunch)
-    height = max(1, _LOOP_CHUNK // width)
-    parts = [(r, min(rows, r + height), c, min(T, c + width)) for r in range(0, rows, height)
-             for c in range(0, T, width)]
-    for_each(lambda i: run(*parts[i]), len(parts))
+    else:
+        # Parts of about _LOOP_CHUNK values: whole bunches of a long row, or several short rows.
+        bunch = _fused_sums.GROUP * _fused_sums.LANES
+        width = min(T, max(1, _LOOP_CHUNK // bunch) * bunch)
+        height = max(1, _LOOP_CHUNK // width)
+        parts = [(r, min(rows, r + height), c, min(T, c + width)) for r in range(0, rows, height)
+                 for c in range(0, T, width)]
+        for_each(lambda i: run(*parts[i]), len(parts))
     return second, second_abs, gamma(_SUM_WIDTH - 1, U64), 2
 
 
