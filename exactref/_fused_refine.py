@@ -29,7 +29,7 @@ import numpy as np
 
 from . import _fused
 
-__all__ = ["extract_decide"]
+__all__ = ["extract_decide", "gather_products"]
 
 # The compiled helpers the loop calls, set when it is first built, named as globals (see _fused._BITS).
 _BITS: Any = None
@@ -177,3 +177,44 @@ def extract_decide(P: np.ndarray, fmt: Any, *, kmin: int, kmax: int, c: float,
     _loop()(P, kmin, kmax, (2 * n - 1).bit_length(), c, *up_constants, mode, f, *out)
     return out
 
+
+
+@functools.lru_cache(maxsize=1)
+def _gather_loop() -> Callable[..., None]:
+    @_fused._jit()
+    def loop(A, B, idx, N, P, safe):
+        # Row r of P: the products A[i, k] * B[k, j] of element idx[r] = i N + j, walking B's rows
+        # once (each row's values for every element), as np.take does; then whether each is finite.
+        count, K = P.shape
+        rows = idx // N  # (once: a division in the loop below took most of its time)
+        cols = idx - rows * N
+        for k in range(K):
+            b = B[k]
+            for r in range(count):
+                P[r, k] = A[rows[r], k] * b[cols[r]]
+        for r in range(count):
+            ok = True
+            for k in range(K):
+                v = P[r, k]
+                ok &= (v - v) == 0.0  # (0 for a finite v, NaN for inf and NaN)
+            safe[r] = ok
+
+    return loop
+
+
+def gather_products(A: np.ndarray, B: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The exact path's pieces of the elements ``idx`` (flat indices) of ``A @ B``, for 2-D float64 A
+    and B of at most 26 significant bits per value: row r holds the K products of element idx[r],
+    each exact, and ``safe[r]`` whether they are all finite; engine.sumprod's gather and products
+    by numpy give the same values.  None where the loop does not apply (numba missing, few
+    products, operands not C-contiguous float64).  (For a float32 512**3 matmul's 23 undecided
+    elements of a block of 256 rows, on one of 2 busy cores: 0.09 to 0.13 ms, against 0.19 to
+    0.28 ms by np.take and numpy's products.)"""
+    K = A.shape[-1]
+    if A.ndim != 2 or B.ndim != 2 or not _fused.usable(idx.size * K):
+        return None
+    if not all(type(a) is np.ndarray and a.dtype == np.float64 and a.flags.c_contiguous for a in (A, B)):
+        return None
+    P, safe = np.empty((idx.size, K)), np.empty(idx.size, dtype=bool)
+    _gather_loop()(A, B, idx.astype(np.int64, copy=False), B.shape[1], P, safe)
+    return P, safe

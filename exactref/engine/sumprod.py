@@ -22,7 +22,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .. import _fused
+from .. import _fused, _fused_refine
 from .._parallel import for_each_slice
 from ..formats import Format
 from ..rounding import enclosure_bounds, round_dyadic, round_dyadic_down_up, round_float64
@@ -205,6 +205,13 @@ class Solution:
     x_hi: np.ndarray
     S: np.ndarray
     undecided: int
+    # Where given, the elements a block's ``decide`` (solve_in_blocks) has judged already, by their
+    # decided roundings: ``finish`` judges the others.
+    judged: np.ndarray | None = None
+
+
+# A block's own decisions and judgement (solve_in_blocks): decide(enc, cut) -> (decided, judged) or None.
+Decide = Callable[[fast.Enclosure, tuple[slice, ...]], tuple[np.ndarray, np.ndarray] | None]
 
 
 def _enclose(term: Term, shape: tuple[int, ...], fine: bool) -> fast.Enclosure:
@@ -284,20 +291,28 @@ def solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
 
 def solve_in_blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
                     finish: Callable[[Solution, tuple[slice, ...] | None], None],
-                    into: Callable[[tuple[slice, ...]], tuple[np.ndarray, ...] | None] | None = None) -> None:
+                    into: Callable[[tuple[slice, ...]], tuple[np.ndarray, ...] | None] | None = None,
+                    decide: Decide | None = None) -> None:
     """:func:`solve`'s blocks of rows (axis -2), each handed to ``finish(sol, cut)`` on the thread
     that solved it, right after it: ``sol`` is the block's Solution and
     ``cut`` its place in ``shape`` (None where the whole output is one block).  ``finish`` must
     write only its own block's part of any output.  ``into(cut)``, where given, returns three
     arrays of the block's shape (C-contiguous float64), or None: the block's rounded values and
     bounds are written there as they are decided, instead of into arrays of their own.
+
+    ``decide(enc, cut)``, where given with ``into``, may make those decisions itself from the
+    block's enclosure (of terms none of which refines), writing them into ``into(cut)``'s arrays,
+    and judge the block too: it returns ``(decided, judged)``, bool arrays of the block's shape,
+    which the Solution's ``judged`` passes on to ``finish``; or None, to leave the decisions to
+    the engine.  ``decided`` must be what the engine's decisions would give.
     """
-    _blocks(terms, shape, fmt, finish, _rows_per_block(terms, shape), into)
+    _blocks(terms, shape, fmt, finish, _rows_per_block(terms, shape), into, decide)
 
 
 def _blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
             finish: Callable[[Solution, tuple[slice, ...] | None], None], step: int | None,
-            into: Callable[[tuple[slice, ...]], tuple[np.ndarray, ...] | None] | None = None) -> None:
+            into: Callable[[tuple[slice, ...]], tuple[np.ndarray, ...] | None] | None = None,
+            decide: Decide | None = None) -> None:
     """:func:`solve_in_blocks` with its blocks' rows, ``step``, already known."""
     try:
         if step is None:
@@ -312,7 +327,8 @@ def _blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
             sub = [t.rows(start, stop, shape) for t in terms]
             cut = (slice(None),) * axis + (slice(start, stop),)
             finish(_solve_block(sub, shape[:axis] + (stop - start,) + shape[axis + 1:], fmt,
-                                None if into is None else lambda: into(cut)), cut)
+                                None if into is None else lambda: into(cut),
+                                None if decide is None else lambda enc: decide(enc, cut)), cut)
 
         # The blocks are independent: side by side on the op's threads (exactref/_parallel.py).
         for_each_slice(block, shape[axis], step)
@@ -348,13 +364,22 @@ def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:
 
 
 def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format,
-                 place: Callable[[], tuple[np.ndarray, ...] | None] | None = None) -> Solution:
+                 place: Callable[[], tuple[np.ndarray, ...] | None] | None = None,
+                 decide: Callable[[fast.Enclosure], tuple[np.ndarray, np.ndarray] | None] | None = None
+                 ) -> Solution:
     """The block's Solution; ``place()``, called once its enclosure is made, may return three
     C-contiguous float64 arrays of ``shape``, where its rounded values and bounds are then written
-    (a result's own: see solve_in_blocks)."""
+    (a result's own: see solve_in_blocks), and ``decide(enc)`` decide them there (see there too)."""
     enc = enclose(terms, shape)
     into = None if place is None else place()
-    rounded, x_lo, x_hi, decided = _decide(enc, fmt, into)
+    made = None
+    if decide is not None and into is not None and not any(t.refinable for t in terms):
+        made = decide(enc)
+    judged = None
+    if made is not None:
+        (rounded, x_lo, x_hi), (decided, judged) = into, made
+    else:
+        rounded, x_lo, x_hi, decided = _decide(enc, fmt, into)
     if any(t.refinable for t in terms):  # (first: a small op notices each microsecond)
         size = math.prod(shape)
         if size - np.count_nonzero(decided) > max(size * _REFINE_SHARE, _REFINE_MIN):
@@ -368,7 +393,7 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format,
         rounded, x_lo, x_hi = (_fresh(v).reshape(shape) for v in (rounded, x_lo, x_hi))
     undecided = ~np.asarray(decided)
     if not undecided.any():  # the usual case: cheaper than np.flatnonzero, which a small output notices
-        return Solution(rounded, x_lo, x_hi, S, 0)
+        return Solution(rounded, x_lo, x_hi, S, 0, judged)
     idx = np.flatnonzero(undecided)
     count = idx.size
     if enc.pieces is not None and enc.exact is not None:
@@ -386,7 +411,7 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format,
         for start in range(0, idx.size, step):
             _exact_round(terms, shape, idx[start:start + step], fmt,
                          rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
-    return Solution(rounded, x_lo, x_hi, S, count)
+    return Solution(rounded, x_lo, x_hi, S, count, judged)
 
 
 # A block whose quick enclosure leaves more than this share of its elements undecided, and more
@@ -523,6 +548,13 @@ def _exact_long(terms: list[Term], shape: tuple[int, ...], i: int, fmt: Format) 
 
 def _pieces(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float64 pieces whose row sums are the exact values of ``idx``, and which rows split safely."""
+    if len(terms) == 1 and len(shape) == 2:
+        t = terms[0]
+        if isinstance(t, MatmulTerm) and t.narrow and t.coef == 1:
+            # A float32 matmul's block, say: the same products by one compiled gather.
+            made = _fused_refine.gather_products(t.A, t.B, idx)
+            if made is not None:
+                return made
     cols: list[np.ndarray] = []
     safe = np.ones(idx.size, dtype=bool)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):

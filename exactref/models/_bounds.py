@@ -25,6 +25,7 @@ __all__ = [
     "products_exact",
     "products_may_underflow",
     "scalar_error",
+    "scaled_bound_constants",
     "widening_error",
 ]
 
@@ -68,14 +69,26 @@ def dot_error_and_overflow(S: np.ndarray, *, depth: int, acc: Format, out: Forma
                            underflow: bool = False, overflow_depth: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``(dot_error(S, ...), overflow_possible(S, acc, overflow_depth))``: the same values, in one
     compiled pass over S where that applies (exactref/_fused.py)."""
-    k, under = _dot_roundings(depth, acc, out, terms, underflow)
-    if k > 0:
-        fused = _fused.scaled_bound(S, gamma(k, acc.unit_roundoff), terms * acc.min_subnormal if under else 0.0,
-                                    _overflow_factor(acc, overflow_depth), acc.max_finite)
+    constants = scaled_bound_constants(depth=depth, acc=acc, out=out, terms=terms, underflow=underflow,
+                                       overflow_depth=overflow_depth)
+    if constants is not None:
+        fused = _fused.scaled_bound(S, *constants)
         if fused is not None:
             return fused
     return (dot_error(S, depth=depth, acc=acc, out=out, terms=terms, underflow=underflow),
             overflow_possible(S, acc, overflow_depth))
+
+
+def scaled_bound_constants(*, depth: int, acc: Format, out: Format, terms: int = 0, underflow: bool = False,
+                           overflow_depth: int = 1) -> tuple[float, float, float, float] | None:
+    """``(g, add, factor, limit)`` such that :func:`dot_error_and_overflow` with these arguments is
+    ``(up(g * S + add), S * factor >= limit)`` elementwise; None where dot_error counts no rounding
+    (it is then 0, or the underflow term alone)."""
+    k, under = _dot_roundings(depth, acc, out, terms, underflow)
+    if k <= 0:
+        return None
+    return (gamma(k, acc.unit_roundoff), terms * acc.min_subnormal if under else 0.0,
+            _overflow_factor(acc, overflow_depth), acc.max_finite)
 
 
 def _dot_roundings(depth: int, acc: Format, out: Format, terms: int, underflow: bool) -> tuple[int, bool]:

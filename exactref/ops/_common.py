@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _fused, _pool
+from .. import _fused, _fused_judge, _pool
 from .._convert import (
     Operand,
     _plain,
@@ -24,6 +24,7 @@ from .._convert import (
 )
 from .._parallel import for_each_slice
 from .._threads import own_threads, small
+from ..engine.fast import Enclosure
 from ..engine.sumprod import Solution, Term, exact_fraction, solve, solve_in_blocks, specials
 from ..formats import ComplexFormat, Format, part_of
 from ..models._error_model import ErrorModel
@@ -259,14 +260,48 @@ def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:
         views = tuple(arrays()[name][cut] for name in ("rounded", "x_lo", "x_hi"))
         return views if views[0].flags.c_contiguous else None
 
+    # Where the tolerance is the bound for any order alone (ops/matmul.py), a narrow product's block
+    # is decided, given its tolerance and judged in one compiled pass (exactref/_fused_judge.py).
+    bound = getattr(ps.tolerance, "scaled_bound", None)
+
+    def decide(enc: Enclosure, cut: tuple[slice, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+        if bound is None or not enc.lo_zero:
+            return None
+        return _fused_judge.decide_and_judge(fmt, enc.hi, enc.rad, enc.S, bound,
+                                             {name: a[cut] for name, a in arrays().items()})
+
     def finish(sol: Solution, cut: tuple[slice, ...] | None) -> None:
+        if sol.judged is not None and cut is not None:
+            _judge_rest(ps, sol, fmt, bound, {name: a[cut] for name, a in arrays().items()})
+            return
         E, overflow = _tolerance_of(ps, sol)
         if cut is None:
             whole.append(_judge(sol, E, fmt, None, overflow, None))
             return
         _judge(sol, E, fmt, None, overflow, None, into=(arrays(), cut))
-    solve_in_blocks(ps.terms, shape, fmt, finish, into)
+    solve_in_blocks(ps.terms, shape, fmt, finish, into, decide)
     return whole[0] if whole else Part(**out)
+
+
+def _judge_rest(ps: PartSpec, sol: Solution, fmt: Format, bound: tuple[float, float, float, float],
+                fields: dict[str, np.ndarray]) -> None:
+    """Judge the elements of a block that its one-pass decision did not (``sol.judged`` False: the
+    exact path rounded them, or their bits were left to the numpy code) into ``fields``, the
+    block's views of the Part's arrays: by the same compiled steps, and any they leave by
+    result.judge.  Judging is elementwise: these elements get the values that judging the whole
+    block would give them."""
+    idx = np.flatnonzero(~sol.judged)
+    if idx.size:
+        idx = _fused_judge.judge_again(fmt, idx, sol.S, bound, fields)
+    if not idx.size:
+        return
+    sub = Solution(*(a.reshape(-1)[idx] for a in (sol.rounded, sol.x_lo, sol.x_hi, sol.S)), 0)
+    E, overflow = _tolerance_of(ps, sub)
+    with np.errstate(invalid="ignore", over="ignore"):
+        part = judge(sub.rounded, sub.x_lo, sub.x_hi, _slackened(E), fmt, overflow=overflow)
+    for name in _PART_DTYPES:
+        # (The views are C-contiguous, as decide_and_judge required: reshape gives views.)
+        fields[name].reshape(-1)[idx] = getattr(part, name)
 
 
 def _tolerance_of(ps: PartSpec, sol: Solution) -> tuple[np.ndarray, np.ndarray | None]:

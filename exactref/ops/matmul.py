@@ -34,6 +34,7 @@ from ..models._bounds import (
     partials_error,
     products_exact,
     products_may_underflow,
+    scaled_bound_constants,
 )
 from ..models._emulate import emulate
 from ..models._error_model import (
@@ -215,6 +216,13 @@ def _tolerance(fin: Format, out: Format, n: int, model: ErrorModel, *, extra_dep
             E = E + E_in + absolute
         return E + relative * S if relative else E, may_overflow
 
+    # Where the tolerance is the bound for any order alone, its constants: a narrow product's blocks
+    # are then decided, given it and judged in one compiled pass (ops._common._solve_judged).
+    alone = (not (per_copy_rounding and copies > 1) and not (declared(model) and dot is not None)
+             and (tin is None or tin_exact) and coef in (0, 1, -1) and not stored and overflow is None
+             and _is_zero(absolute) and not relative)
+    tolerance.scaled_bound = scaled_bound_constants(  # type: ignore[attr-defined]
+        depth=depth, acc=acc, out=out, terms=n, underflow=underflow, overflow_depth=depth) if alone else None
     return tolerance
 
 

@@ -197,3 +197,57 @@ def test_a_float32_matmul_is_the_same_with_the_loop_and_without_it(monkeypatch):
     want = np.array([[float(sum((F(float(a)) * F(float(b)) for a, b in zip(A[i], B[:, j])), F(0)))
                       for j in range(0, 80, 7)] for i in range(0, 96, 5)])
     assert np.array_equal(with_loop.rounded[::5, ::7], want.astype(dtype).astype(np.float64))
+
+
+def _numpy_products(A: np.ndarray, B: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The exact path's gather and products by numpy (engine.sumprod's, without the loop)."""
+    i, j = np.divmod(idx, B.shape[1])
+    with np.errstate(all="ignore"):
+        P = A[i] * B[:, j].T
+    return P, np.isfinite(P).all(axis=1)
+
+
+def test_gather_products_are_numpys_gather_and_products():
+    rng = np.random.default_rng(21)
+    A = (rng.standard_normal((37, 300)) * 2.0 ** rng.integers(-60, 60, (37, 300))).astype(np.float32)
+    B = rng.standard_normal((300, 53)).astype(np.float32)
+    A[3, 7], A[5, 0], B[10, 4] = np.inf, np.nan, -np.inf  # rows 3 and 5, column 4: not safe
+    A, B = A.astype(np.float64), B.astype(np.float64)
+    idx = np.sort(rng.choice(37 * 53, 90, replace=False))
+    idx[:3] = [3 * 53 + 1, 5 * 53 + 2, 4]  # one each
+    got = _fused_refine.gather_products(A, B, idx)
+    assert got is not None
+    want = _numpy_products(A, B, idx)
+    assert bits_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert not got[1][:3].any() and got[1].any()
+
+
+def test_gather_products_declines_what_it_does_not_take(monkeypatch):
+    A, B, idx = np.ones((4, 6)), np.ones((6, 5)), np.arange(3)
+    assert _fused_refine.gather_products(A, B, idx) is not None
+    assert _fused_refine.gather_products(A.astype(np.float32), B, idx) is None
+    assert _fused_refine.gather_products(A, np.asfortranarray(np.ones((6, 5))), idx) is None
+    assert _fused_refine.gather_products(A[None], B[None], idx) is None
+    monkeypatch.setattr(_fused, "MIN_SIZE", 19)  # 3 rows of 6 products: too few
+    assert _fused_refine.gather_products(A, B, idx) is None
+
+
+def test_a_float32_matmul_is_the_same_with_the_gather_loop_and_without_it(monkeypatch):
+    rng = np.random.default_rng(3)  # (the draws above: many rows for the exact path)
+    A = (rng.integers(-64, 64, (96, 160)) * 2.0 ** rng.integers(-3, 3, (96, 160))).astype(np.float32)
+    B = (rng.integers(-64, 64, (160, 80)) / 3).astype(np.float32)
+    seen = []
+    real = _fused_refine.gather_products
+
+    def spy(*args):
+        out = real(*args)
+        seen.append(out is not None)
+        return out
+    monkeypatch.setattr(_fused_refine, "gather_products", spy)
+    with_loop = er.matmul(A, B)
+    assert seen and all(seen)  # the exact path gathered by the loop
+    monkeypatch.setattr(_fused_refine, "gather_products", lambda *a: None)
+    without = er.matmul(A, B)
+    for p, q in zip(with_loop._parts, without._parts):
+        for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "tolerance", "nan_ok", "special_ok"):
+            assert bits_equal(getattr(p, name), getattr(q, name)), name

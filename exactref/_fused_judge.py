@@ -1,0 +1,192 @@
+"""One compiled pass from a narrow product's enclosure to its judged block (numba).
+
+A float32 (or narrower) matmul's block, once its two BLAS products are made, went through four
+compiled passes over memory, each writing arrays that the next read back: the radius beside the
+bound S (engine.products), the decisions from hi +- rad (exactref/_fused.py's decide_narrow), the
+tolerance and its overflow marks from S (its scaled_bound), and the judgement (its judge_into).
+Where the tolerance is the bound for any order alone (``up(g S + add)``, overflow where
+``S factor >= limit``: models._bounds.scaled_bound_constants), the last three are one loop here:
+each element is decided, given its tolerance and judged while in registers, and only the Part's
+fields and the decisions are written.  The tolerance and its marks are never stored.
+
+The steps are those of the three loops, in the same order and with the same helpers (their
+IEEE arithmetic, without fast-math: see exactref/_fused.py), so every field is theirs bit for
+bit.  An element the exact path then rounds (undecided), or whose bits the loops leave to the
+numpy code (float16, bfloat16 or float8_e5m2 ends outside the bit trick's range), is marked as
+not judged: its caller judges it again once its rounding is known (ops._common._solve_judged).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _fused
+
+__all__ = ["decide_and_judge"]
+
+# The compiled helpers the loops call, set when they are first built: globals of this module, for
+# numba's disk cache (see _fused._BITS).
+_OUTWARD: Any = None
+_ROUND_BITS: Any = None
+_SLACKENED: Any = None
+_FINISH: Any = None
+_JUDGE: Any = None
+
+
+@functools.lru_cache(maxsize=1)
+def _loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]]:
+    """float32's loop (numpy's cast rounds to it), the narrower formats' (by their bits, returning
+    how many elements the numpy code must redo), and the loop judging given elements again."""
+    global _OUTWARD, _ROUND_BITS, _SLACKENED, _FINISH
+    _OUTWARD, _ROUND_BITS = _fused._outward(), _fused._round_bits()
+    _fused._judge_loops()  # (sets _fused's _SLACKENED and _FINISH)
+    _SLACKENED, _FINISH = _fused._SLACKENED, _fused._FINISH
+    jit = _fused._jit()
+
+    @jit
+    def judge(cj, cu, bound, f, i, S, low, high, r, lo, high_end, tol, special, nan):
+        # Element i's tolerance and overflow mark, by _fused.scaled_bound's steps, then its
+        # judgement by _fused.judge_into's float32 loop (f None) or its narrower formats' (f
+        # their constants); returns whether its ends are left to the numpy code.
+        g, add, factor, limit = bound
+        s = S[i]
+        e = _SLACKENED((g * s + add) * cu[0] + cu[1], cj)
+        sp = s * factor >= limit
+        special[i] = sp
+        nan[i] = False
+        la, ha = _OUTWARD(low, high, e, cj[1], cj[2])
+        if f is None:
+            odd = False
+            end_low = np.float64(np.float32(la))
+            end_high = np.float64(np.float32(ha))
+        else:
+            end_low, odd_low = _ROUND_BITS(la, f)
+            end_high, odd_high = _ROUND_BITS(ha, f)
+            odd = odd_low | odd_high
+        _FINISH(cj, i, e, end_low, end_high, low, high, r, sp, lo, high_end, tol)
+        return odd
+
+    global _JUDGE
+    _JUDGE = judge
+
+    @jit
+    def float32(cd, cj, cu, bound, hi, rad, S, rounded, x_lo, x_hi, decided, lo, high_end, tol, special, nan):
+        for i in range(hi.size):
+            # _fused.decide_narrow's float32 loop, then the judgement.
+            h = hi[i]
+            low, high = _OUTWARD(h, h, rad[i], cd[0], cd[1])
+            r_low = np.float32(low)
+            r_high = np.float32(high)
+            r = np.float64(r_high)
+            rounded[i] = r
+            x_lo[i] = low
+            x_hi[i] = high
+            decided[i] = (r_low == r_high) & ((low > 0) | (high < 0))
+            _JUDGE(cj, cu, bound, None, i, S, low, high, r, lo, high_end, tol, special, nan)
+        return 0
+
+    @jit
+    def half(cd, cj, cu, bound, f, hi, rad, S, rounded, x_lo, x_hi, decided, lo, high_end, tol, special, nan, rare):
+        count = 0
+        for i in range(hi.size):
+            # _fused.decide_narrow's loop of the narrower formats, then the judgement.
+            h = hi[i]
+            low, high = _OUTWARD(h, h, rad[i], cd[0], cd[1])
+            r_low, odd_low = _ROUND_BITS(low, f)
+            r_high, odd_high = _ROUND_BITS(high, f)
+            rounded[i] = r_high
+            x_lo[i] = low
+            x_hi[i] = high
+            decided[i] = (r_low == r_high) & ((low > 0) | (high < 0))
+            odd = _JUDGE(cj, cu, bound, f, i, S, low, high, r_high, lo, high_end, tol, special, nan)
+            odd = odd | odd_low | odd_high
+            rare[i] = odd
+            count += odd
+        return count
+
+    @jit
+    def again(cj, cu, bound, f, idx, S, rounded, x_lo, x_hi, lo, high_end, tol, special, nan, rare):
+        # The elements idx judged from their rounded values and bounds as they are now.
+        count = 0
+        for i in idx:
+            odd = _JUDGE(cj, cu, bound, f, i, S, x_lo[i], x_hi[i], rounded[i], lo, high_end, tol, special, nan)
+            rare[i] = odd
+            count += odd
+        return count
+
+    return float32, half, again
+
+
+_FLOAT_FIELDS = ("rounded", "x_lo", "x_hi", "lo", "hi", "tolerance")
+
+
+def _fields(out: dict[str, np.ndarray], shape: tuple[int, ...]) -> list[np.ndarray] | None:
+    """The Part's fields in ``out`` flattened, in _FLOAT_FIELDS's order, then the marks: None unless
+    each is C-contiguous of ``shape``, float64 (bool for the marks)."""
+    if not all(_fused._laid_out(out[name], shape, np.float64) for name in _FLOAT_FIELDS) or not all(
+            _fused._laid_out(out[name], shape, np.bool_) for name in ("special_ok", "nan_ok")):
+        return None
+    return [out[name].reshape(-1) for name in _FLOAT_FIELDS + ("special_ok", "nan_ok")]
+
+
+def _constants(bound: tuple[float, float, float, float]) -> tuple[tuple[float, ...], ...]:
+    """The loops' first arguments: the decisions' slacks, the judgement's, up()'s, and ``bound``."""
+    cj = _fused._judge_constants()
+    return cj[1:], cj, _fused._up_constants(), tuple(float(b) for b in bound)
+
+
+def decide_and_judge(fmt: Any, hi: np.ndarray, rad: np.ndarray, S: np.ndarray,
+                     bound: tuple[float, float, float, float], out: dict[str, np.ndarray]
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Decide the rounding to ``fmt`` of the values in ``hi +- rad`` (an enclosure whose lo is zero)
+    as ``_fused.decide_narrow`` does, and judge each element with the tolerance
+    ``up(g S + add)`` and the overflow marks ``S factor >= limit`` (``bound = (g, add, factor,
+    limit)``) as ``_fused.judge_into`` does, writing every field of the Part into ``out`` (the
+    block's own views of the result's arrays, by field name).  Returns ``(decided, judged)``,
+    bool arrays of the block's shape: ``judged`` is False where the element must be judged again
+    (not decided, or its bits left to the numpy code); there ``rounded``, ``x_lo`` and ``x_hi`` are
+    those the numpy code decides, but the other fields are not.  None (nothing written) where the
+    loops do not apply: numba missing, a small block, arrays not C-contiguous float64 of one shape
+    (the marks' fields bool), or ``fmt`` one that :func:`_fused.decides` does not cover."""
+    if not _fused.decides(fmt) or not _fused._plain(hi, rad, S):
+        return None
+    fields = _fields(out, hi.shape)
+    if fields is None:
+        return None
+    decided = np.empty(hi.shape, dtype=bool)
+    # (rounded, x_lo, x_hi, decided, then the judgement's fields: the loops' order.)
+    fields.insert(3, decided.reshape(-1))
+    float32, half, _ = _loops()
+    flat = (hi.reshape(-1), rad.reshape(-1), S.reshape(-1))
+    if _fused._rounds_by_cast(fmt):
+        float32(*_constants(bound), *flat, *fields)
+        return decided, decided
+    rare = np.empty(hi.size, dtype=bool)
+    if half(*_constants(bound), _fused._bits_format(fmt), *flat, *fields, rare):
+        # Bits outside the trick's range: those elements decided by the numpy code (as
+        # _fused.decide_narrow does), and judged again by the caller.
+        from .engine.decision import decide_narrow
+
+        idx = np.flatnonzero(rare)
+        fields[0][idx], fields[3][idx] = decide_narrow(fields[1][idx], fields[2][idx], fmt)
+    return decided, decided & ~rare.reshape(hi.shape)
+
+
+def judge_again(fmt: Any, idx: np.ndarray, S: np.ndarray, bound: tuple[float, float, float, float],
+                out: dict[str, np.ndarray]) -> np.ndarray:
+    """Judge the elements ``idx`` (flat indices of the block) again from their rounded values and
+    bounds in ``out`` as they are now, as :func:`decide_and_judge` judges; returns those whose bits
+    are left to the numpy code (the caller judges them).  ``out`` and ``S`` must be those that
+    :func:`decide_and_judge` took."""
+    fields = _fields(out, S.shape)
+    _, _, again = _loops()
+    _, cj, cu, b = _constants(bound)
+    f = _fused._bits_format(fmt) if not _fused._rounds_by_cast(fmt) else None
+    rare = np.zeros(S.size, dtype=bool)
+    if again(cj, cu, b, f, idx.astype(np.int64, copy=False), S.reshape(-1), *fields, rare):
+        return np.flatnonzero(rare)
+    return idx[:0]
