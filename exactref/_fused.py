@@ -640,34 +640,42 @@ def widen_float32(S32: np.ndarray, scale: float, add: float, g: float) -> tuple[
 
 
 @functools.lru_cache(maxsize=1)
-def _read_float32_loop() -> Callable[..., int]:
+def _read_float32_loop() -> Callable[..., tuple[int, int]]:
+    big, small = np.float32(2.0 ** 60), np.float32(2.0 ** -60)
+
     @_jit()
     def loop(src, values, absolute):
         # Each value widened, and its magnitude in float32 (exact); the count of those not finite
-        # (v - v is 0 for a finite v, NaN for inf and NaN).
+        # (v - v is 0 for a finite v, NaN for inf and NaN), and of the magnitudes outside
+        # engine.products._in_float32_range's [2**-60, 2**60] (a zero inside, a NaN outside).
         bad = 0
+        outside = 0
         for i in range(src.size):
             v = src[i]
             w = np.float64(v)
             values[i] = w
-            absolute[i] = abs(v)
+            m = abs(v)
+            absolute[i] = m
             bad += (w - w) != 0.0
-        return bad
+            outside += not ((m <= big) & ((m >= small) | (m == 0)))
+        return bad, outside
 
     return loop
 
 
-def read_float32(src: np.ndarray) -> tuple[np.ndarray, bool, np.ndarray] | None:
-    """A float32 array's values in float64, whether every one is finite, and their magnitudes in
-    float32 (exact), in one pass by a compiled loop: a matmul operand's read (ops/matmul.py),
-    whose magnitudes engine.products' bound on |A| |B| multiplies.  None where it does not apply
-    (numba missing, a small or non-contiguous array).  (Widening, checking and taking |B| in
-    float32 took 0.25 ms for a 512 x 512 B in several passes, 0.08 in this one.)"""
+def read_float32(src: np.ndarray) -> tuple[np.ndarray, bool, np.ndarray, bool] | None:
+    """A float32 array's values in float64, whether every one is finite, their magnitudes in
+    float32 (exact), and whether every nonzero magnitude lies in [2**-60, 2**60] (as
+    engine.products._in_float32_range tests), in one pass by a compiled loop: a matmul operand's
+    read (ops/matmul.py), whose magnitudes engine.products' bound on |A| |B| multiplies.  None
+    where it does not apply (numba missing, a small or non-contiguous array).  (Widening,
+    checking and taking |B| in float32 took 0.25 ms for a 512 x 512 B in several passes, 0.08 in
+    this one; the range, 0.02 more on its own, and 0.05 to 0.1 in an op.)"""
     if not _plain(src, dtype=np.float32):
         return None
     values, absolute = np.empty(src.shape), np.empty(src.shape, dtype=np.float32)
-    bad = _read_float32_loop()(src.reshape(-1), values.reshape(-1), absolute.reshape(-1))
-    return values, bad == 0, absolute
+    bad, outside = _read_float32_loop()(src.reshape(-1), values.reshape(-1), absolute.reshape(-1))
+    return values, bad == 0, absolute, outside == 0
 
 
 @functools.lru_cache(maxsize=1)

@@ -171,10 +171,11 @@ def _abs_float32(B: np.ndarray) -> tuple[np.ndarray, bool]:
     return (out, True) if all(fits_all) else (np.abs(B), False)
 
 
-def _abs_given(abs_b: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, bool]:
-    """:func:`_abs_float32`'s result from ``abs_b``, |B| in float32 with every value exact: the same
-    arrays, since the range test gives the same answer on the same values."""
-    return (abs_b, True) if _in_float32_range(abs_b) else (np.abs(B), False)
+def _abs_given(abs_b: np.ndarray) -> tuple[np.ndarray, bool]:
+    """:func:`_abs_float32`'s result from ``abs_b``, |B| in float32 with every value exact and every
+    nonzero one in :func:`_in_float32_range`'s range (the caller tested it as it made them): the
+    same arrays."""
+    return abs_b, True
 
 
 # Values of B per block of _abs_float32 (1 MiB of float64).
@@ -277,7 +278,8 @@ class Right:
     def __init__(self, B: np.ndarray, *, narrow: bool, pieces: bool = False, bound: bool = True,
                  quick: bool = False, one_slice: tuple[int, int] | None = None,
                  abs_b: np.ndarray | None = None) -> None:
-        """``abs_b``: |B| in float32, exact, where the caller made it as it read B (narrow B only)."""
+        """``abs_b``: |B| in float32, exact, where the caller made it as it read B (narrow B only),
+        every nonzero value in [2**-60, 2**60] (:func:`_in_float32_range`)."""
         self.B = B
         self.narrow = narrow
         self.pieces = pieces
@@ -292,7 +294,7 @@ class Right:
         self.fine_lock = threading.Lock()
         self.cut: _Slicing | None = None  # B cut for the products (none without terms: K = 0)
         if narrow or K == 0:
-            self.absB, self.in32 = _abs_float32(B) if abs_b is None else _abs_given(abs_b, B)
+            self.absB, self.in32 = _abs_float32(B) if abs_b is None else _abs_given(abs_b)
             return
         if one_slice is None and quick and K <= _QUICK_MAX_K:
             one_slice = _quick_exponents(K)
@@ -411,12 +413,13 @@ class Right:
     def _product_of_abs(self, A: np.ndarray, absA: np.ndarray | None = None,
                         abs_a: np.ndarray | None = None) -> np.ndarray:
         """abs_bound's float32 product |A| |B|, to be widened (_widen); or its float64 bound itself.
-        ``abs_a``, |A| in float32 with every value exact, where given, is the float32 product's
-        operand that ``absA.astype(np.float32)`` would be, with the same range test."""
+        ``abs_a``, |A| in float32 with every value exact and every nonzero one in
+        :func:`_in_float32_range`'s range, where given, is the float32 product's operand that
+        ``absA.astype(np.float32)`` would be (the caller tested the range as it made it)."""
         K = self.K
         if K == 0:
             return np.zeros(self.out_shape(A))
-        if abs_a is not None and self.in32 and _in_float32_range(abs_a):
+        if abs_a is not None and self.in32:
             return abs_a @ self.absB
         if absA is None:
             absA = np.abs(A)

@@ -50,7 +50,8 @@ class MatmulTerm:
     # The bound S of the last quick enclosure, where the term can refine (see enclose).
     _S: np.ndarray | None = field(default=None, repr=False, compare=False)
     # |A| and |B| in float32, exact, where the op made them as it read narrow A and B
-    # (ops/matmul.py): the operands of products.Right's float32 bound on |A| |B|.
+    # (ops/matmul.py): the operands of products.Right's float32 bound on |A| |B|.  Given, every
+    # nonzero value lies in [2**-60, 2**60] (products._in_float32_range holds).
     abs_A: np.ndarray | None = field(default=None, repr=False, compare=False)
     abs_B: np.ndarray | None = field(default=None, repr=False, compare=False)
 

@@ -433,11 +433,13 @@ def _forward(op: str, a: Operand, b: Operand, c: Operand | None, fmt: Format | C
 def _read(o: Operand, fmt: Format | ComplexFormat) -> tuple[np.ndarray, bool, np.ndarray | None]:
     """An operand's float64 values (its own copy), whether every one is finite, and, for a float32
     operand, their magnitudes in float32 (engine.products' bound on |A| |B| multiplies them), in
-    one pass where exactref/_fused.py's loop applies; else the magnitudes are None."""
+    one pass where exactref/_fused.py's loop applies and every nonzero one lies in [2**-60, 2**60]
+    (what engine.sumprod.MatmulTerm asks of them); else the magnitudes are None."""
     if not fmt.is_complex and o.array.dtype == np.float32:
         read = _fused.read_float32(o.array)
         if read is not None:
-            return read
+            values, finite, magnitudes, in_range = read
+            return values, finite, magnitudes if in_range else None
     return (*values_checked(o, fmt, own=True), None)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import exactref as er
 from exactref import _fused, _fused_judge
-from exactref.engine import decision
+from exactref.engine import decision, products
 from exactref.formats import FORMATS
 from exactref.models import _bounds
 from exactref.ops._common import _PART_DTYPES, _slackened
@@ -342,11 +342,19 @@ def test_read_float32_widens_checks_and_takes_magnitudes() -> None:
             if bad is not None:
                 y[bad] = value
             for z in (y, y[:N - 1].reshape(2, -1)):  # (a 2-D one without the last value)
-                values, finite, magnitudes = _fused.read_float32(z)
+                values, finite, magnitudes, in_range = _fused.read_float32(z)
                 assert values.shape == magnitudes.shape == z.shape
                 assert _same(values, z.astype(np.float64))
                 assert _same(magnitudes, np.abs(z)) and magnitudes.dtype == np.float32
                 assert finite is (bad is None or (z.ndim == 2 and bad == N - 1)) and not np.shares_memory(values, z)
+                assert in_range is products._in_float32_range(np.abs(z))
+    # The range's ends, inside and just outside, alone among values inside it.
+    f32 = np.float32
+    for end, inside in ((2.0 ** 60, True), (2.0 ** -60, True), (np.nextafter(f32(2.0 ** 60), f32(np.inf)), False),
+                        (np.nextafter(f32(2.0 ** -60), f32(0)), False), (0.0, True), (-0.0, True), (np.nan, False)):
+        y = np.ones(N, dtype=np.float32)
+        y[N // 3] = -end
+        assert _fused.read_float32(y)[3] is inside is products._in_float32_range(np.abs(y))
     assert _fused.read_float32(x[::2]) is None  # (not contiguous)
     assert _fused.read_float32(x[:100]) is None  # (small)
     assert _fused.read_float32(x.astype(np.float64)) is None
