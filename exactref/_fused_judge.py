@@ -1,15 +1,18 @@
-"""One compiled pass from a narrow product's enclosure to its judged block (numba).
+"""One compiled pass from a narrow product's BLAS products to its judged block (numba).
 
 A float32 (or narrower) matmul's block, once its two BLAS products are made, went through four
-compiled passes over memory, each writing arrays that the next read back: the radius beside the
-bound S (engine.products), the decisions from hi +- rad (exactref/_fused.py's decide_narrow), the
-tolerance and its overflow marks from S (its scaled_bound), and the judgement (its judge_into).
-Where the tolerance is the bound for any order alone (``up(g S + add)``, overflow where
-``S factor >= limit``: models._bounds.scaled_bound_constants), the last three are one loop here:
-each element is decided, given its tolerance and judged while in registers, and only the Part's
-fields and the decisions are written.  The tolerance and its marks are never stored.
+compiled passes over memory, each writing arrays that the next read back: the bound S and the
+radius widened from the float32 product of |A| and |B| (exactref/_fused.py's widen_float32), the
+decisions from hi +- rad (its decide_narrow), the tolerance and its overflow marks from S (its
+scaled_bound), and the judgement (its judge_into).  Where the tolerance is the bound for any
+order alone (``up(g S + add)``, overflow where ``S factor >= limit``:
+models._bounds.scaled_bound_constants), the four are one loop here: each element's S and radius
+are widened, its rounding decided, its tolerance made and its judgement written while in
+registers.  Only S, the decisions and the Part's fields are written; the radius, the tolerance
+and its marks are never stored.  (A float32 512**3 matmul's block of 256 rows took 0.4 to
+0.55 ms so, on one of 2 cores beside the other block, against about 0.8 ms for the four.)
 
-The steps are those of the three loops, in the same order and with the same helpers (their
+The steps are those of the four loops, in the same order and with the same helpers (their
 IEEE arithmetic, without fast-math: see exactref/_fused.py), so every field is theirs bit for
 bit.  An element the exact path then rounds (undecided), or whose bits the loops leave to the
 numpy code (float16, bfloat16 or float8_e5m2 ends outside the bit trick's range), is marked as
@@ -35,13 +38,14 @@ _ROUND_BITS: Any = None
 _SLACKENED: Any = None
 _FINISH: Any = None
 _JUDGE: Any = None
+_WIDENED: Any = None
 
 
 @functools.lru_cache(maxsize=1)
 def _loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]]:
     """float32's loop (numpy's cast rounds to it), the narrower formats' (by their bits, returning
     how many elements the numpy code must redo), and the loop judging given elements again."""
-    global _OUTWARD, _ROUND_BITS, _SLACKENED, _FINISH
+    global _OUTWARD, _ROUND_BITS, _SLACKENED, _FINISH, _JUDGE, _WIDENED
     _OUTWARD, _ROUND_BITS = _fused._outward(), _fused._round_bits()
     _fused._judge_loops()  # (sets _fused's _SLACKENED and _FINISH)
     _SLACKENED, _FINISH = _fused._SLACKENED, _fused._FINISH
@@ -70,15 +74,25 @@ def _loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]
         _FINISH(cj, i, e, end_low, end_high, low, high, r, sp, lo, high_end, tol)
         return odd
 
-    global _JUDGE
     _JUDGE = judge
 
     @jit
-    def float32(cd, cj, cu, bound, hi, rad, S, rounded, x_lo, x_hi, decided, lo, high_end, tol, special, nan):
+    def widened(cu, w, P, S, i):
+        # _fused.widen_float32's steps for element i: S (written) and the radius (returned).
+        scale, add, g = w
+        s = (np.float64(P[i]) * scale + add) * cu[0] + cu[1]
+        S[i] = s
+        return (g * s) * cu[0] + cu[1]
+
+    global _WIDENED
+    _WIDENED = widened
+
+    @jit
+    def float32(cd, cj, cu, bound, w, hi, P, S, rounded, x_lo, x_hi, decided, lo, high_end, tol, special, nan):
         for i in range(hi.size):
-            # _fused.decide_narrow's float32 loop, then the judgement.
+            # _fused.widen_float32's steps, then decide_narrow's float32 loop, then the judgement.
             h = hi[i]
-            low, high = _OUTWARD(h, h, rad[i], cd[0], cd[1])
+            low, high = _OUTWARD(h, h, _WIDENED(cu, w, P, S, i), cd[0], cd[1])
             r_low = np.float32(low)
             r_high = np.float32(high)
             r = np.float64(r_high)
@@ -90,12 +104,13 @@ def _loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]
         return 0
 
     @jit
-    def half(cd, cj, cu, bound, f, hi, rad, S, rounded, x_lo, x_hi, decided, lo, high_end, tol, special, nan, rare):
+    def half(cd, cj, cu, bound, w, f, hi, P, S, rounded, x_lo, x_hi, decided, lo, high_end, tol, special, nan,
+             rare):
         count = 0
         for i in range(hi.size):
-            # _fused.decide_narrow's loop of the narrower formats, then the judgement.
+            # The widening, decide_narrow's loop of the narrower formats, then the judgement.
             h = hi[i]
-            low, high = _OUTWARD(h, h, rad[i], cd[0], cd[1])
+            low, high = _OUTWARD(h, h, _WIDENED(cu, w, P, S, i), cd[0], cd[1])
             r_low, odd_low = _ROUND_BITS(low, f)
             r_high, odd_high = _ROUND_BITS(high, f)
             rounded[i] = r_high
@@ -139,41 +154,44 @@ def _constants(bound: tuple[float, float, float, float]) -> tuple[tuple[float, .
     return cj[1:], cj, _fused._up_constants(), tuple(float(b) for b in bound)
 
 
-def decide_and_judge(fmt: Any, hi: np.ndarray, rad: np.ndarray, S: np.ndarray,
-                     bound: tuple[float, float, float, float], out: dict[str, np.ndarray]
-                     ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Decide the rounding to ``fmt`` of the values in ``hi +- rad`` (an enclosure whose lo is zero)
-    as ``_fused.decide_narrow`` does, and judge each element with the tolerance
-    ``up(g S + add)`` and the overflow marks ``S factor >= limit`` (``bound = (g, add, factor,
-    limit)``) as ``_fused.judge_into`` does, writing every field of the Part into ``out`` (the
-    block's own views of the result's arrays, by field name).  Returns ``(decided, judged)``,
-    bool arrays of the block's shape: ``judged`` is False where the element must be judged again
-    (not decided, or its bits left to the numpy code); there ``rounded``, ``x_lo`` and ``x_hi`` are
-    those the numpy code decides, but the other fields are not.  None (nothing written) where the
-    loops do not apply: numba missing, a small block, arrays not C-contiguous float64 of one shape
-    (the marks' fields bool), or ``fmt`` one that :func:`_fused.decides` does not cover."""
-    if not _fused.decides(fmt) or not _fused._plain(hi, rad, S):
+def decide_and_judge(fmt: Any, product: Any, bound: tuple[float, float, float, float], out: dict[str, np.ndarray]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """From a narrow product's BLAS products (an engine.products.NarrowProduct whose P is float32):
+    widen its bound S and radius as ``_fused.widen_float32`` does, decide the rounding to ``fmt``
+    of the values in ``hi +- rad`` as ``_fused.decide_narrow`` does, and judge each element with
+    the tolerance ``up(g S + add)`` and the overflow marks ``S factor >= limit`` (``bound = (g,
+    add, factor, limit)``) as ``_fused.judge_into`` does, writing every field of the Part into
+    ``out`` (the block's own views of the result's arrays, by field name).  Returns ``(decided,
+    judged, S)``, of the block's shape: ``judged`` is False where the element must be judged again
+    (not decided, or its bits left to the numpy code); there ``rounded``, ``x_lo`` and ``x_hi``
+    are those the numpy code decides, but the other fields are not.  None (nothing written) where
+    the loops do not apply: numba missing, a small block, arrays not C-contiguous of one shape
+    (hi and the float64 fields float64, P float32, the marks' fields bool), or ``fmt`` one that
+    :func:`_fused.decides` does not cover."""
+    hi, P = product.hi, product.P
+    if not _fused.decides(fmt) or not _fused._plain(hi) or not _fused._laid_out(P, hi.shape, np.float32):
         return None
     fields = _fields(out, hi.shape)
     if fields is None:
         return None
-    decided = np.empty(hi.shape, dtype=bool)
+    decided, S = np.empty(hi.shape, dtype=bool), np.empty(hi.shape)
     # (rounded, x_lo, x_hi, decided, then the judgement's fields: the loops' order.)
     fields.insert(3, decided.reshape(-1))
     float32, half, _ = _loops()
-    flat = (hi.reshape(-1), rad.reshape(-1), S.reshape(-1))
+    w = (float(product.widening[0]), float(product.widening[1]), float(product.g))
+    flat = (hi.reshape(-1), P.reshape(-1), S.reshape(-1))
     if _fused._rounds_by_cast(fmt):
-        float32(*_constants(bound), *flat, *fields)
-        return decided, decided
+        float32(*_constants(bound), w, *flat, *fields)
+        return decided, decided, S
     rare = np.empty(hi.size, dtype=bool)
-    if half(*_constants(bound), _fused._bits_format(fmt), *flat, *fields, rare):
+    if half(*_constants(bound), w, _fused._bits_format(fmt), *flat, *fields, rare):
         # Bits outside the trick's range: those elements decided by the numpy code (as
         # _fused.decide_narrow does), and judged again by the caller.
         from .engine.decision import decide_narrow
 
         idx = np.flatnonzero(rare)
         fields[0][idx], fields[3][idx] = decide_narrow(fields[1][idx], fields[2][idx], fmt)
-    return decided, decided & ~rare.reshape(hi.shape)
+    return decided, decided & ~rare.reshape(hi.shape), S
 
 
 def judge_again(fmt: Any, idx: np.ndarray, S: np.ndarray, bound: tuple[float, float, float, float],

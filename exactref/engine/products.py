@@ -24,7 +24,7 @@ from .._parallel import for_each_slice
 from .._pool import empty
 from .fast import U64, Enclosure, _slices, _two_sum_into, _up_into, gamma, up
 
-__all__ = ["Right", "matmul_narrow", "matmul_sliced", "one_slice_exponents"]
+__all__ = ["NarrowProduct", "Right", "matmul_narrow", "matmul_sliced", "one_slice_exponents"]
 
 
 def matmul_narrow(A: np.ndarray, B: np.ndarray) -> Enclosure:
@@ -217,6 +217,46 @@ _QUICK_MAX_K = 512
 
 
 @dataclass
+class NarrowProduct:
+    """A narrow product's BLAS products (:meth:`Right.narrow_product`), before its enclosure is made.
+
+    ``hi`` is ``A @ B`` in float64 and ``P`` the float32 product of |A| and |B| that
+    :meth:`Right.abs_bound` widens into the bound S on ``|A| @ |B|`` (``S = up(P scale + add)``,
+    ``widening = (scale, add)``), or S itself where P is float64.  The enclosure is
+    ``hi +- up(g S)``, with lo zero.  (exactref/_fused_judge.py decides and judges from these
+    directly, without the enclosure's arrays.)
+    """
+
+    hi: np.ndarray
+    P: np.ndarray
+    g: float
+    widening: tuple[float, float]
+
+    def enclosure(self) -> Enclosure:
+        """The enclosure: S and the radius from one compiled loop where it applies (exactref/_fused.py),
+        with the same values as the numpy code."""
+        S = self.P
+        if S.dtype == np.float32:
+            made = _fused.widen_float32(S, *self.widening, self.g)
+            S, rad = made if made is not None else (_widened(S, *self.widening), None)
+        else:
+            rad = None
+        if rad is None:
+            # (np.zeros: np.zeros_like costs several times more for a small product.)
+            rad = up(self.g * S) if self.g else np.zeros(S.shape)
+        return Enclosure(self.hi, np.zeros(self.hi.shape), rad, S, lo_zero=True)
+
+
+def _widened(S32: np.ndarray, scale: float, add: float) -> np.ndarray:
+    """``up(S32 scale + add)`` in float64: the bound on |A| |B| from its float32 product S32."""
+    S = S32.astype(np.float64)
+    del S32
+    np.multiply(S, scale, out=S)
+    np.add(S, add, out=S)
+    return _up_into(S)
+
+
+@dataclass
 class _Slicing:
     """B cut into slices (one column at a time) for products with A's two slices of ``beta_a`` bits:
     ``B = sum(slices) + RB``; ``lowB`` the lowest unit exponent per column (see fast._slices);
@@ -396,19 +436,6 @@ class Right:
         S = self._product_of_abs(A, absA)
         return self._widen(S) if S.dtype == np.float32 else S
 
-    def bound_and_radius(self, A: np.ndarray, g: float, abs_a: np.ndarray | None = None
-                         ) -> tuple[np.ndarray, np.ndarray]:
-        """``S = abs_bound(A)`` and ``up(g * S)``; where they apply, from one compiled loop that
-        widens the float32 product (exactref/_fused.py), with the same values.  ``abs_a``: |A| in
-        float32, exact, where the caller has it (:meth:`times`)."""
-        S = self._product_of_abs(A, abs_a=abs_a)
-        if S.dtype == np.float32:
-            fused = _fused.widen_float32(S, *self._widening(), g)
-            if fused is not None:
-                return fused
-            S = self._widen(S)
-        # (np.zeros: np.zeros_like costs several times more for a small product.)
-        return S, up(g * S) if g else np.zeros(S.shape)
 
     def _product_of_abs(self, A: np.ndarray, absA: np.ndarray | None = None,
                         abs_a: np.ndarray | None = None) -> np.ndarray:
@@ -435,12 +462,7 @@ class Right:
         return (1 + u32) ** 2 * (1 + gamma(self.K, u32)), self.K * 2.0 ** -149
 
     def _widen(self, S32: np.ndarray) -> np.ndarray:
-        scale, add = self._widening()
-        S = S32.astype(np.float64)
-        del S32
-        np.multiply(S, scale, out=S)
-        np.add(S, add, out=S)
-        return _up_into(S)
+        return _widened(S32, *self._widening())
 
     def times(self, A: np.ndarray, *, fine: bool = False, S: np.ndarray | None = None,
               abs_a: np.ndarray | None = None) -> Enclosure:
@@ -453,11 +475,14 @@ class Right:
         return self._sliced(A, self._fine() if fine and self.refinable else self.cut, S)
 
     def _narrow(self, A: np.ndarray, abs_a: np.ndarray | None = None) -> Enclosure:
-        hi = A @ self.B
-        g = gamma(max(self.K - 1, 0), U64)
+        return self.narrow_product(A, abs_a).enclosure()
+
+    def narrow_product(self, A: np.ndarray, abs_a: np.ndarray | None = None) -> NarrowProduct:
+        """The BLAS products of a narrow enclosure of ``A @ B`` (:meth:`times`), not yet made into one
+        (:meth:`NarrowProduct.enclosure`).  ``abs_a``: as in :meth:`times`."""
         # Products are exact, so float64 sums err by at most gamma_{K-1} * sum|terms|.
-        S, rad = self.bound_and_radius(A, g, abs_a)
-        return Enclosure(hi, np.zeros(hi.shape), rad, S, lo_zero=True)
+        return NarrowProduct(A @ self.B, self._product_of_abs(A, abs_a=abs_a), gamma(max(self.K - 1, 0), U64),
+                             self._widening())
 
     def _fusable(self, A: np.ndarray, cut: _Slicing, S: np.ndarray | None, RA_rows: np.ndarray) -> bool:
         """Whether _quick_fused makes this enclosure: a quick cut (one two-sum) of 2-D operands with S,

@@ -211,8 +211,9 @@ class Solution:
     judged: np.ndarray | None = None
 
 
-# A block's own decisions and judgement (solve_in_blocks): decide(enc, cut) -> (decided, judged) or None.
-Decide = Callable[[fast.Enclosure, tuple[slice, ...]], tuple[np.ndarray, np.ndarray] | None]
+# A block's own decisions and judgement (solve_in_blocks): decide(product, cut) -> (decided,
+# judged, S) or None.
+Decide = Callable[[products.NarrowProduct, tuple[slice, ...]], tuple[np.ndarray, np.ndarray, np.ndarray] | None]
 
 
 def _enclose(term: Term, shape: tuple[int, ...], fine: bool) -> fast.Enclosure:
@@ -301,11 +302,13 @@ def solve_in_blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
     arrays of the block's shape (C-contiguous float64), or None: the block's rounded values and
     bounds are written there as they are decided, instead of into arrays of their own.
 
-    ``decide(enc, cut)``, where given with ``into``, may make those decisions itself from the
-    block's enclosure (of terms none of which refines), writing them into ``into(cut)``'s arrays,
-    and judge the block too: it returns ``(decided, judged)``, bool arrays of the block's shape,
-    which the Solution's ``judged`` passes on to ``finish``; or None, to leave the decisions to
-    the engine.  ``decided`` must be what the engine's decisions would give.
+    ``decide(product, cut)``, where given with ``into``, may make those decisions itself for a
+    block whose one term is a 2-D narrow product with coefficient 1, from its BLAS products
+    (products.NarrowProduct, before its enclosure is made), writing them into ``into(cut)``'s
+    arrays, and judge the block too: it returns ``(decided, judged, S)``, of the block's shape,
+    ``judged`` passed on to ``finish`` as the Solution's, S the enclosure's bound on the sums of
+    |terms|; or None, to leave the decisions to the engine.  ``decided`` and ``S`` must be what
+    the engine's enclosure and decisions would give.
     """
     _blocks(terms, shape, fmt, finish, _rows_per_block(terms, shape), into, decide)
 
@@ -366,29 +369,33 @@ def _rows_per_block(terms: list[Term], shape: tuple[int, ...]) -> int | None:
 
 def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format,
                  place: Callable[[], tuple[np.ndarray, ...] | None] | None = None,
-                 decide: Callable[[fast.Enclosure], tuple[np.ndarray, np.ndarray] | None] | None = None
-                 ) -> Solution:
-    """The block's Solution; ``place()``, called once its enclosure is made, may return three
+                 decide: Callable[[products.NarrowProduct], tuple[np.ndarray, np.ndarray, np.ndarray] | None]
+                 | None = None) -> Solution:
+    """The block's Solution; ``place()``, called once its products are made, may return three
     C-contiguous float64 arrays of ``shape``, where its rounded values and bounds are then written
-    (a result's own: see solve_in_blocks), and ``decide(enc)`` decide them there (see there too)."""
-    enc = enclose(terms, shape)
-    into = None if place is None else place()
+    (a result's own: see solve_in_blocks), and ``decide(product)`` decide them there (see there too)."""
+    product = _narrow_product(terms) if decide is not None and place is not None else None
     made = None
-    if decide is not None and into is not None and not any(t.refinable for t in terms):
-        made = decide(enc)
+    if product is not None:
+        into = place()
+        made = None if into is None else decide(product)
+        enc = None if made is not None else product.enclosure()
+    else:
+        enc = enclose(terms, shape)
+        into = None if place is None else place()
     judged = None
     if made is not None:
-        (rounded, x_lo, x_hi), (decided, judged) = into, made
+        (rounded, x_lo, x_hi), (decided, judged, S) = into, made
     else:
         rounded, x_lo, x_hi, decided = _decide(enc, fmt, into)
-    if any(t.refinable for t in terms):  # (first: a small op notices each microsecond)
-        size = math.prod(shape)
-        if size - np.count_nonzero(decided) > max(size * _REFINE_SHARE, _REFINE_MIN):
-            # The quick enclosure left too many for the exact path (cancelling sums, say): the
-            # six products' enclosure decides nearly all of them (products.Right).
-            enc = enclose(terms, shape, fine=True)
-            rounded, x_lo, x_hi, decided = _decide(enc, fmt, into)
-    S = np.asarray(enc.S, dtype=np.float64).reshape(shape)
+        if any(t.refinable for t in terms):  # (first: a small op notices each microsecond)
+            size = math.prod(shape)
+            if size - np.count_nonzero(decided) > max(size * _REFINE_SHARE, _REFINE_MIN):
+                # The quick enclosure left too many for the exact path (cancelling sums, say): the
+                # six products' enclosure decides nearly all of them (products.Right).
+                enc = enclose(terms, shape, fine=True)
+                rounded, x_lo, x_hi, decided = _decide(enc, fmt, into)
+        S = np.asarray(enc.S, dtype=np.float64).reshape(shape)
     # Fresh, writable float64 arrays (the undecided elements are written in below).
     if into is None:
         rounded, x_lo, x_hi = (_fresh(v).reshape(shape) for v in (rounded, x_lo, x_hi))
@@ -397,7 +404,7 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format,
         return Solution(rounded, x_lo, x_hi, S, 0, judged)
     idx = np.flatnonzero(undecided)
     count = idx.size
-    if enc.pieces is not None and enc.exact is not None:
+    if enc is not None and enc.pieces is not None and enc.exact is not None:
         idx = _round_pieces(enc.pieces, enc.exact, idx, fmt,
                             rounded.reshape(-1), x_lo.reshape(-1), x_hi.reshape(-1))
     del enc
@@ -425,6 +432,18 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format,
 # 16 x 16 took 1209 against 1625, and 32 x 32 2010 against 3569.
 _REFINE_SHARE = 1 / 128
 _REFINE_MIN = 128
+
+
+def _narrow_product(terms: list[Term]) -> products.NarrowProduct | None:
+    """The BLAS products of a block whose one term is a narrow 2-D product with coefficient 1 (a
+    float32 matmul's block, say), before its enclosure is made (solve_in_blocks's ``decide``)."""
+    if len(terms) != 1:
+        return None
+    t = terms[0]
+    if not (isinstance(t, MatmulTerm) and t.narrow and t.coef == 1 and t.A.ndim == 2 and t.B.ndim == 2):
+        return None
+    t.prepare()
+    return t.right.narrow_product(t.A, t.abs_A)
 
 
 def _decide(enc: fast.Enclosure, fmt: Format, into: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None

@@ -24,7 +24,7 @@ from .._convert import (
 )
 from .._parallel import for_each_slice
 from .._threads import own_threads, small
-from ..engine.fast import Enclosure
+from ..engine.products import NarrowProduct
 from ..engine.sumprod import Solution, Term, exact_fraction, solve, solve_in_blocks, specials
 from ..formats import ComplexFormat, Format, part_of
 from ..models._error_model import ErrorModel
@@ -261,14 +261,14 @@ def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:
         return views if views[0].flags.c_contiguous else None
 
     # Where the tolerance is the bound for any order alone (ops/matmul.py), a narrow product's block
-    # is decided, given its tolerance and judged in one compiled pass (exactref/_fused_judge.py).
+    # is decided, given its tolerance and judged in one compiled pass from its BLAS products
+    # (exactref/_fused_judge.py).
     bound = getattr(ps.tolerance, "scaled_bound", None)
 
-    def decide(enc: Enclosure, cut: tuple[slice, ...]) -> tuple[np.ndarray, np.ndarray] | None:
-        if bound is None or not enc.lo_zero:
+    def decide(product: NarrowProduct, cut: tuple[slice, ...]) -> tuple[np.ndarray, ...] | None:
+        if bound is None:
             return None
-        return _fused_judge.decide_and_judge(fmt, enc.hi, enc.rad, enc.S, bound,
-                                             {name: a[cut] for name, a in arrays().items()})
+        return _fused_judge.decide_and_judge(fmt, product, bound, {name: a[cut] for name, a in arrays().items()})
 
     def finish(sol: Solution, cut: tuple[slice, ...] | None) -> None:
         if sol.judged is not None and cut is not None:
