@@ -125,11 +125,13 @@ def _loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]
 
     @jit
     def again(cj, cu, bound, f, idx, S, rounded, x_lo, x_hi, lo, high_end, tol, special, nan, rare):
-        # The elements idx judged from their rounded values and bounds as they are now.
+        # The elements idx judged from their rounded values and bounds as they are now; rare[r]:
+        # whether idx[r]'s ends are left to the numpy code.
         count = 0
-        for i in idx:
+        for r in range(idx.size):
+            i = idx[r]
             odd = _JUDGE(cj, cu, bound, f, i, S, x_lo[i], x_hi[i], rounded[i], lo, high_end, tol, special, nan)
-            rare[i] = odd
+            rare[r] = odd
             count += odd
         return count
 
@@ -204,7 +206,8 @@ def judge_again(fmt: Any, idx: np.ndarray, S: np.ndarray, bound: tuple[float, fl
     _, _, again = _loops()
     _, cj, cu, b = _constants(bound)
     f = _fused._bits_format(fmt) if not _fused._rounds_by_cast(fmt) else None
-    rare = np.zeros(S.size, dtype=bool)
-    if again(cj, cu, b, f, idx.astype(np.int64, copy=False), S.reshape(-1), *fields, rare):
-        return np.flatnonzero(rare)
+    idx = idx.astype(np.int64, copy=False)
+    rare = np.empty(idx.size, dtype=bool)
+    if again(cj, cu, b, f, idx, S.reshape(-1), *fields, rare):
+        return idx[rare]
     return idx[:0]

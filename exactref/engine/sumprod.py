@@ -518,6 +518,9 @@ def _exact_round(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray, fmt
     pieces, safe = _pieces(terms, shape, idx)
     rows = np.flatnonzero(safe)
     value, lo, hi, ok = decision.refine(pieces if rows.size == idx.size else pieces[rows], fmt)
+    if rows.size == idx.size and ok.all():  # the usual case: every row decided (the rest is for the few)
+        flat_r[idx], flat_lo[idx], flat_hi[idx] = value, lo, hi
+        return
     done_fast = rows[ok]
     flat_r[idx[done_fast]], flat_lo[idx[done_fast]], flat_hi[idx[done_fast]] = value[ok], lo[ok], hi[ok]
     slow = rows[~ok]

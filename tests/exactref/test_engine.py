@@ -583,3 +583,35 @@ def test_undecided_elements_of_a_2d_product_gather_b_by_columns_and_match_the_or
     assert sum(gathered) >= 8 and not used, "B's columns were meant to be taken from B itself"
     want = oracle.matmul(A.astype(np.float64), B.astype(np.float64), "float32")
     assert bits_equal(res.rounded.astype(np.float64), want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_exact_paths_roundings_and_bounds_are_the_exact_values(dtype):
+    # A large narrow product (its blocks side by side, the exact path's compiled gather and first
+    # try where numba is present) whose cancelling sums leave some elements to the exact path:
+    # there the Part's rounding and bounds are the exact value's own (its rounding, and its float64
+    # neighbours), checked against Fractions; elsewhere the bounds still contain it.
+    rng = np.random.default_rng(31)
+    A = (rng.integers(-64, 64, (260, 96)) * 2.0 ** rng.integers(-3, 3, (260, 96))).astype(dtype)
+    B = (rng.integers(-64, 64, (96, 600)) / 3).astype(dtype)
+    if dtype == "float32":
+        # And exact values that are no float64, beside float32's midpoints: 1 + 2**-24 +- 2**-(60 + j),
+        # whose bounds are two float64 neighbours.
+        A[:10], B[:, :10] = 0, 0
+        A[:10, :3] = [[1, 2.0 ** -24, (-1) ** r * 2.0 ** -60] for r in range(10)]
+        B[:3, :10] = [[1] * 10, [1] * 10, [2.0 ** -j for j in range(10)]]
+    part = er.matmul(A, B)._parts[0]
+    exact_path = (part.x_lo == part.x_hi) | (np.nextafter(part.x_lo, np.inf) == part.x_hi)
+    assert 10 <= exact_path.sum() < exact_path.size // 2
+    assert dtype != "float32" or (part.x_lo[:10, :10] < part.x_hi[:10, :10]).all()
+    checked = np.flatnonzero(exact_path.reshape(-1)).tolist() + random.Random(1).sample(range(part.x_lo.size), 60)
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    for flat in checked:
+        i, j = divmod(flat, B.shape[1])
+        exact = sum((F(float(a)) * F(float(b)) for a, b in zip(A64[i], B64[:, j])), F(0))
+        lo, hi = part.x_lo[i, j], part.x_hi[i, j]
+        assert F(lo) <= exact <= F(hi)
+        assert part.rounded[i, j] == round_fraction(exact, dtype)
+        if exact_path[i, j]:
+            assert lo == round_fraction(exact, "float64") == hi if F(lo) == exact else \
+                (F(lo) < exact < F(hi) and np.nextafter(lo, np.inf) == hi)
