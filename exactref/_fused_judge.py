@@ -9,8 +9,8 @@ order alone (``up(g S + add)``, overflow where ``S factor >= limit``:
 models._bounds.scaled_bound_constants), the four are one loop here: each element's S and radius
 are widened, its rounding decided, its tolerance made and its judgement written while in
 registers.  Only S, the decisions and the Part's fields are written; the radius, the tolerance
-and its marks are never stored.  (A float32 512**3 matmul's block of 256 rows took 0.4 to
-0.55 ms so, on one of 2 cores beside the other block, against about 0.8 ms for the four.)
+and its marks are never stored.  (A float32 512**3 matmul's block of 256 rows took 0.37 to
+0.46 ms so, on one of 2 cores beside the other block, against 0.7 to 0.9 ms for the four.)
 
 The steps are those of the four loops, in the same order and with the same helpers (their
 IEEE arithmetic, without fast-math: see exactref/_fused.py), so every field is theirs bit for
