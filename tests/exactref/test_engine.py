@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import exactref as er
-from exactref.engine import decision, fast, products, sumprod
+from exactref.engine import fast, products, sumprod
 from exactref.engine.exact import exact_dot_rows, round_rows
 from exactref.formats import FORMATS
 
@@ -216,49 +216,6 @@ def test_two_sum_is_exact(a, b):
     assert F(s[0]) + F(e[0]) == F(a) + F(b)
 
 
-def lowest_bit(x: float) -> Fraction:
-    """The largest power of two of which the float x (nonzero) is a multiple, by Fractions: x is
-    n / d with d a power of two, and n's lowest set bit over d."""
-    q = abs(F(x))
-    return F(q.numerator & -q.numerator, q.denominator)
-
-
-@settings(max_examples=300)
-@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(1, 6)), elements=wide_floats(1070)))
-def test_grid_is_the_lowest_set_bit_of_the_pieces(rows):
-    grid = decision.grid(rows)
-    for g, row in zip(grid, rows):
-        nonzero = [v for v in row if v != 0]
-        assert F(g) == (min(lowest_bit(v) for v in nonzero) if nonzero else 0)
-
-
-@st.composite
-def refine_rows(draw):
-    """Rows of float32 products, some with a large pair that cancels, so that the sum is small and exactly
-    a float64 (as a float32 matmul's undecided elements are), and rows of wider values."""
-    n = draw(st.integers(2, 40))
-    kind = draw(st.sampled_from(["float32 products", "cancelling", "wide", "rounded errors"]))
-    if kind == "wide":
-        return draw(hnp.arrays(np.float64, (3, n), elements=wide_floats(300)))
-    if kind == "rounded errors":
-        # Large values that the tree sum cancels exactly, each paired at its first level with a
-        # small one of few bits and a spread exponent, and 2**12 (an odd column, kept to the last level): the
-        # two-sums' errors are the small values, whose float64 sum lo rounds, so hi + lo is not
-        # the exact sum.
-        m = 2 * draw(st.integers(1, 10))
-        big = np.repeat([[2.0 ** 60, -(2.0 ** 60)]], 3 * m // 2, axis=0).reshape(3, m)
-        small = draw(hnp.arrays(np.float64, (3, m), elements=st.builds(
-            lambda k, e: float(np.ldexp(k, e)), st.integers(-7, 7), st.integers(-70, 5))))
-        return np.concatenate([np.sort(big, axis=1)[:, ::-1], small, np.full((3, 1), 2.0 ** 12)], axis=1)
-    x = draw(hnp.arrays(np.float32, (3, n), elements=st.floats(-8, 8, width=32)))
-    y = draw(hnp.arrays(np.float32, (3, n), elements=st.floats(-8, 8, width=32)))
-    P = x.astype(np.float64) * y.astype(np.float64)  # exact
-    if kind == "cancelling":  # a large pair that cancels, and the rest
-        P[:, 0] = 2.0 ** 40
-        P[:, 1] = -(2.0 ** 40)
-    return P
-
-
 @st.composite
 def extract_rows(draw):
     """Rows for the extraction: near-equal values of one sign (their sum needs every bit of sigma's
@@ -341,30 +298,6 @@ def test_extract_sum_leaves_rows_of_zeros_and_huge_rows_to_the_tree_sum():
     hi, lo, rad = fast.extract_sum(rows)
     assert rad[0] == rad[1] == np.inf
     assert hi[2] + lo[2] == 6.0 and rad[2] < 2.0 ** -40
-
-
-@pytest.mark.parametrize("name", ["float64", "float32", "bfloat16"])
-@settings(max_examples=300)
-@given(rows=refine_rows())
-def test_refine_decides_only_correctly(name, rows):
-    fmt = FORMATS[name]
-    value, lo, hi, ok = decision.refine(rows, fmt)
-    for i, row in enumerate(rows):
-        if not ok[i]:
-            continue
-        exact = sum((F(v) for v in row), F(0))
-        assert F(lo[i]) <= exact <= F(hi[i])
-        assert (lo[i] == hi[i]) == (F(lo[i]) == exact)
-        assert bits_equal(value[i], round_fraction(exact, name))
-
-
-def test_refine_takes_an_exact_float64_sum_of_float32_products_as_exact():
-    # The products cancel to 2**-30 + 3 * 2**-60, a float64; the tree sum's bound is not zero.
-    row = np.array([[1.0, 2.0 ** -30, -1.0, 3 * 2.0 ** -60, 0.375, -0.375]])
-    assert fast.tree_sum(row)[2][0] > 0
-    value, lo, hi, ok = decision.refine(row, FORMATS["float32"])
-    assert ok[0] and lo[0] == hi[0] == 2.0 ** -30 + 3 * 2.0 ** -60
-    assert value[0] == np.float32(2.0 ** -30)
 
 
 def test_round_certified_decides_each_precisions_list_at_once_with_decide_all():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import exactref as er
-from exactref import _fused, _fused_judge
+from exactref import _fused_judge
 from exactref.engine import decision, fast, products
 from exactref.formats import FORMATS
 from exactref.models import _bounds
