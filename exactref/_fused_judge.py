@@ -84,7 +84,6 @@ def _loops() -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]
         S[i] = s
         return (g * s) * cu[0] + cu[1]
 
-    global _WIDENED
     _WIDENED = widened
 
     @jit
@@ -200,8 +199,8 @@ def judge_again(fmt: Any, idx: np.ndarray, S: np.ndarray, bound: tuple[float, fl
                 out: dict[str, np.ndarray]) -> np.ndarray:
     """Judge the elements ``idx`` (flat indices of the block) again from their rounded values and
     bounds in ``out`` as they are now, as :func:`decide_and_judge` judges; returns those whose bits
-    are left to the numpy code (the caller judges them).  ``out`` and ``S`` must be those that
-    :func:`decide_and_judge` took."""
+    are left to the numpy code (the caller judges them).  ``out`` must be what
+    :func:`decide_and_judge` took, and ``S`` the bound it returned."""
     fields = _fields(out, S.shape)
     _, _, again = _loops()
     _, cj, cu, b = _constants(bound)

@@ -178,7 +178,6 @@ def extract_decide(P: np.ndarray, fmt: Any, *, kmin: int, kmax: int, c: float,
     return out
 
 
-
 @functools.lru_cache(maxsize=1)
 def _gather_loop() -> Callable[..., None]:
     @_fused._jit()

@@ -238,12 +238,11 @@ class NarrowProduct:
         S = self.P
         if S.dtype == np.float32:
             made = _fused.widen_float32(S, *self.widening, self.g)
-            S, rad = made if made is not None else (_widened(S, *self.widening), None)
-        else:
-            rad = None
-        if rad is None:
-            # (np.zeros: np.zeros_like costs several times more for a small product.)
-            rad = up(self.g * S) if self.g else np.zeros(S.shape)
+            if made is not None:
+                return Enclosure(self.hi, np.zeros(self.hi.shape), made[1], made[0], lo_zero=True)
+            S = _widened(S, *self.widening)
+        # (np.zeros: np.zeros_like costs several times more for a small product.)
+        rad = up(self.g * S) if self.g else np.zeros(S.shape)
         return Enclosure(self.hi, np.zeros(self.hi.shape), rad, S, lo_zero=True)
 
 
@@ -435,7 +434,6 @@ class Right:
         """
         S = self._product_of_abs(A, absA)
         return self._widen(S) if S.dtype == np.float32 else S
-
 
     def _product_of_abs(self, A: np.ndarray, absA: np.ndarray | None = None,
                         abs_a: np.ndarray | None = None) -> np.ndarray:

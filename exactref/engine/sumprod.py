@@ -332,7 +332,7 @@ def _blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
             cut = (slice(None),) * axis + (slice(start, stop),)
             finish(_solve_block(sub, shape[:axis] + (stop - start,) + shape[axis + 1:], fmt,
                                 None if into is None else lambda: into(cut),
-                                None if decide is None else lambda enc: decide(enc, cut)), cut)
+                                None if decide is None else lambda product: decide(product, cut)), cut)
 
         # The blocks are independent: side by side on the op's threads (exactref/_parallel.py).
         for_each_slice(block, shape[axis], step)
