@@ -34,7 +34,10 @@ benchmarks/bench_matmul.py) ran about 1,100 a second with the limit and
 elements takes no limit (``own_threads(limit=False)``): OpenBLAS runs such
 products on the calling thread anyway (it threads a product only above 65536
 multiply-adds, and a product of two such arrays has at most 64 * 64), so
-there is nothing for the limit to do.
+there is nothing for the limit to do.  Nor for a sum whose work is one call of
+a compiled loop on the calling thread (a full sum of 2**16 to 2**22 float32
+values in one C-contiguous array, with numba: ops/reduction.py's
+``_needs_limit``), which makes no BLAS call.
 
 OpenBLAS's pthreads pool, numpy's by default, is shared by the whole
 process, so one thread at a time owns the limit: the first to enter an op

@@ -42,11 +42,15 @@ class Op:
     """An op: call it for the forward Result; ``.backward(...)`` for the Gradients."""
 
     def __init__(self, name: str, forward: Callable[..., Result],
-                 backward: Callable[..., Gradients] | None = None, no_backward: str = "") -> None:
+                 backward: Callable[..., Gradients] | None = None, no_backward: str = "",
+                 needs_limit: Callable[[tuple[Any, ...], dict[str, Any]], bool] | None = None) -> None:
+        """``needs_limit(args, kwargs)``, where given, says whether a forward call that is not small takes
+        the BLAS limit (exactref/_threads.py): False for one that calls no BLAS and runs on one thread."""
         self.__name__ = name
         self._forward = forward
         self._backward = backward
         self._no_backward = no_backward
+        self._needs_limit = needs_limit
         functools.update_wrapper(self, forward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Result:
@@ -54,7 +58,8 @@ class Op:
         # bound"), so numpy's floating-point warnings are noise to the user.
         # One BLAS thread while the op runs: see exactref/_threads.py.
         tiny = _small_call(args, kwargs)
-        with own_threads(limit=not tiny), np.errstate(all="ignore"):
+        limit = not tiny and (self._needs_limit is None or self._needs_limit(args, kwargs))
+        with own_threads(limit=limit), np.errstate(all="ignore"):
             res = flushed(self._forward, args, kwargs) if wants_flush(kwargs) else self._forward(*args, **kwargs)
         if tiny and isinstance(res, Result):
             res._small = True  # its backward, for a small grad, needs no limit either

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import _fused
 from .._convert import Operand, finite_values, operand, values_of
 from .._parallel import copy_array, copy_checked, for_each_slice
-from ..engine.fast import Enclosure, long_sums, up
+from ..engine.fast import _FUSED_PARALLEL, Enclosure, long_sums, up
 from ..engine.sumprod import RowTerm, Solution, Term
 from ..formats import part_of
 from ..models._bounds import declared, dot_error, overflow_possible
@@ -228,4 +229,19 @@ def _sum_backward(x: Any, grad: Any, *, axis: Any = None, keepdims: bool = False
     return _backward(o, axes, out_shape, grad, model)
 
 
-sum = Op("sum", sum, _sum_backward)  # noqa: A001
+def _needs_limit(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call of sum takes the BLAS limit (ops._common.Op): not a full sum of a C-contiguous
+    float32 array whose enclosure is one call of the compiled loop on this thread (_own, below
+    fast's _FUSED_PARALLEL), and no BLAS product.  (For 10**6 values, right after torch.sum: 281 and
+    296 us against 320 and 332, medians of 101; the limit and its release are two calls into
+    threadpoolctl and two into malloc's settings.)"""
+    x = args[0] if args else kwargs.get("x")
+    axis = kwargs.get("axis")
+    every = axis is None or (type(axis) is tuple and not axis) or (
+        type(x) is np.ndarray and x.ndim == 1 and type(axis) is int and axis in (0, -1))
+    one_call = (type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and every
+                and _FUSED_SIZE <= x.size < _FUSED_PARALLEL and _fused.available())
+    return not one_call
+
+
+sum = Op("sum", sum, _sum_backward, needs_limit=_needs_limit)  # noqa: A001

@@ -9,6 +9,8 @@ ExactRef's.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -72,3 +74,42 @@ def test_limiting_changes_no_result(monkeypatch):
 ])
 def test_small_counts_arrays_and_tensors_and_nothing_else(values, expected):
     assert threads.small(values) is expected
+
+
+def _sum_cases():
+    """(x, axis, whether sum takes the limit): a full sum of a C-contiguous float32 array made by one
+    call of the compiled loop on this thread takes none; other sums do."""
+    from exactref.engine import fast
+    from exactref.ops.reduction import _FUSED_SIZE
+
+    x = np.random.default_rng(0).standard_normal(5 * (_FUSED_SIZE // 5 + 2), dtype=np.float32)
+    return [
+        (x, None, False),
+        (x, 0, False),
+        (x.reshape(5, -1)[:, :-1], None, True),  # not contiguous
+        (x.reshape(-1, 5)[:, :4].copy(), 1, True),  # a sum per row
+        (x.astype(np.float64), None, True),
+        (x[:_FUSED_SIZE - 1], None, True),  # below the compiled loop's size: numpy's BLAS products
+        (np.ones(fast._FUSED_PARALLEL, dtype=np.float32), None, True),  # blocks side by side
+    ]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba (exactref[fast]) is not installed")
+def test_a_sum_made_by_one_compiled_call_takes_no_limit(outer, monkeypatch):
+    for x, axis, limited in _sum_cases():
+        seen: list[list[int]] = []
+        monkeypatch.setattr(er.sum, "_forward", spy(seen, er.sum._forward))
+        er.sum(x, axis=axis)
+        assert seen == [[1 if limited else OUTER] * len(blas_threads())], (x.shape, x.dtype, axis)
+        assert set(blas_threads()) == {OUTER}
+
+
+def test_a_sum_is_the_same_with_the_limit_and_without_it(monkeypatch):
+    for x, axis, _ in _sum_cases()[:2]:
+        without = er.sum(x, axis=axis)
+        monkeypatch.setattr(er.sum, "_needs_limit", None)  # every call that is not small: limited
+        limited = er.sum(x, axis=axis)
+        monkeypatch.undo()
+        for p, q in zip(without._parts, limited._parts):
+            for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "tolerance", "nan_ok", "special_ok"):
+                assert getattr(p, name).tobytes() == getattr(q, name).tobytes(), name
