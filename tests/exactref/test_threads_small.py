@@ -1,4 +1,5 @@
-"""An op whose arrays are all small takes no BLAS limit; a larger one does (exactref/_threads.py).
+"""An op whose arrays are all small takes no BLAS limit; a larger one does (exactref/_threads.py),
+but for a sum made by one compiled call on the calling thread, which makes no BLAS call.
 
 OpenBLAS runs products of such arrays on the calling thread anyway, and
 setting and restoring the limit on every small call wakes its workers.  The
