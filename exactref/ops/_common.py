@@ -271,8 +271,6 @@ def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:
     bound = getattr(ps.tolerance, "scaled_bound", None)
 
     def decide(product: NarrowProduct, cut: tuple[slice, ...]) -> tuple[np.ndarray, ...] | None:
-        if bound is None:
-            return None
         return _fused_judge.decide_and_judge(fmt, product, bound, {name: a[cut] for name, a in arrays().items()})
 
     def finish(sol: Solution, cut: tuple[slice, ...] | None) -> None:
@@ -284,7 +282,8 @@ def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:
             whole.append(_judge(sol, E, fmt, None, overflow, None))
             return
         _judge(sol, E, fmt, None, overflow, None, into=(arrays(), cut))
-    solve_in_blocks(ps.terms, shape, fmt, finish, into, decide)
+    # (Without the constants, the engine's blocks enclose and decide as they did: no decide at all.)
+    solve_in_blocks(ps.terms, shape, fmt, finish, into, None if bound is None else decide)
     return whole[0] if whole else Part(**out)
 
 
