@@ -1,12 +1,13 @@
 """A compiled loop for a long float32 sum's first two levels: engine.fast's group sums (numba).
 
-The sums of a float32 block's groups of 64 values, and of their absolute values, in float64,
-and those sums' own sums in groups of 64, made in one pass over the block, which it copies
-as it reads (the op's own copy of x: ops/reduction.py).  Unlike exactref/_fused.py's loops, it
+The sums of a float32 block's groups of 64 values in float64, and of their absolute values in
+float32 (as the numpy code's, engine.fast._first_level), and those sums' own sums in groups of
+64, in float64, made in one pass over the block, which it copies as it reads (the op's own copy
+of x: ops/reduction.py).  Unlike exactref/_fused.py's loops, it
 does not make the numpy code's values: that code adds in the BLAS's order, which no loop can
 repeat; it adds in an order of its own (below), and its sums lie within the same bound as any
 order's.  Like those loops: IEEE arithmetic without fast-math, the GIL released, the machine
-code kept on disk, and the helper it calls named as a global of this module (see _fused._BITS).
+code kept on disk, and the helpers it calls named as globals of this module (see _fused._BITS).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from . import _fused
 
 __all__ = ["GROUP", "LANES", "group_sums"]
 
-# The compiled helper the loop calls, set when it is first built (see _fused._BITS).
+# The compiled helpers the loop calls, set when it is first built (see _fused._BITS).
 _SECOND_LEVEL: Any = None
+_REFILL: Any = None
 
 # The groups of a float32 sum's first level (group_sums): GROUP values each, lying across LANES
 # lanes: group j of a bunch of GROUP * LANES values takes its values j, j + LANES, j + 2 LANES, ...
@@ -54,36 +56,60 @@ def _group_sums_loop() -> Callable[..., None]:
     _SECOND_LEVEL = second
 
     @_fused._jit()
+    def refill(xr, b0, cols, n, a32, a):
+        # The lanes' float32 sums of |x| into a, in float64; those not finite (a value inf or NaN,
+        # or the sum overflowed) added again in float64, in the same order: float64 sums of
+        # float32 values do not overflow.
+        for j in range(cols):
+            a[j] = a32[j]
+            if not a32[j] < np.inf:
+                t = 0.0
+                for i in range(width):
+                    if i * cols + j < n:
+                        t += abs(np.float64(xr[b0 + i * cols + j]))
+                a[j] = t
+
+    global _REFILL
+    _REFILL = refill
+
+    @_fused._jit()
     def loop(x, out, copy, r0, r1, c0, c1, first, first_abs):
         # Each group's values added in float64 one after another from 0.0 (the first addition
-        # exact), and their absolute values; then those sums, by second() (_SECOND_LEVEL), into
-        # first and first_abs; x's rows r0..r1 and columns c0..c1 (c0 at a bunch's start) copied into out
-        # where ``copy``.
+        # exact), and their absolute values in float32 (_REFILL: again in float64 where that is
+        # not finite); then those sums, by second() (_SECOND_LEVEL), into first and first_abs;
+        # x's rows r0..r1 and columns c0..c1 (c0 at a bunch's start) copied into out where
+        # ``copy``, each value as it is read.
         bunch = width * lanes
         T = x.shape[1]
         end = min(c1, T)
         full = (end - c0) // bunch
         s, a = np.empty(lanes), np.empty(lanes)
+        a32 = np.empty(lanes, np.float32)
         for r in range(r0, r1):
             xr, orow, f, fa = x[r], out[r], first[r], first_abs[r]
             for b in range(full):
                 b0 = c0 + b * bunch
                 s[:] = 0.0
-                a[:] = 0.0
+                a32[:] = 0.0
                 for i in range(width):
                     # (A view per row of lanes: indexing xr at b0 + i * lanes + j, which the
                     # compiler cannot prove nonnegative, kept the loop from vectorising, 0.35
-                    # against 0.11 ms for 10**6 values.)
+                    # against 0.11 ms for 10**6 values.  The copy and |x| in float32, in this
+                    # loop: 0.10 against 0.14 ms for the copy after each bunch and |x| in float64.)
                     xs = xr[b0 + i * lanes:b0 + (i + 1) * lanes]
-                    for j in range(lanes):
-                        v = np.float64(xs[j])
-                        s[j] += v
-                        a[j] += abs(v)
-                if copy:  # (the bunch, 32 KiB, is still in cache; a loop, faster than a slice's copy)
-                    xs = xr[b0:b0 + bunch]
-                    os = orow[b0:b0 + bunch]
-                    for t in range(bunch):
-                        os[t] = xs[t]
+                    if copy:
+                        os = orow[b0 + i * lanes:b0 + (i + 1) * lanes]
+                        for j in range(lanes):
+                            v = xs[j]
+                            os[j] = v
+                            s[j] += np.float64(v)
+                            a32[j] += abs(v)
+                    else:
+                        for j in range(lanes):
+                            v = xs[j]
+                            s[j] += np.float64(v)
+                            a32[j] += abs(v)
+                _REFILL(xr, b0, lanes, bunch, a32, a)
                 _SECOND_LEVEL(s, a, lanes, f, fa, b0 // (width * width))
             b0 = c0 + full * bunch
             n = end - b0
@@ -92,16 +118,17 @@ def _group_sums_loop() -> Callable[..., None]:
                 # full group, but for the last ones, past the row's end).
                 cols = (n + width - 1) // width
                 s[:] = 0.0
-                a[:] = 0.0
+                a32[:] = 0.0
                 for i in range(width):
                     for j in range(cols):
                         t = i * cols + j
                         if t < n:
-                            v = np.float64(xr[b0 + t])
-                            s[j] += v
-                            a[j] += abs(v)
+                            v = xr[b0 + t]
+                            s[j] += np.float64(v)
+                            a32[j] += abs(v)
                 if copy:
                     orow[b0:end] = xr[b0:end]
+                _REFILL(xr, b0, cols, n, a32, a)
                 _SECOND_LEVEL(s, a, cols, f, fa, b0 // (width * width))
 
     return loop
@@ -110,8 +137,9 @@ def _group_sums_loop() -> Callable[..., None]:
 def group_sums(block: np.ndarray, out: np.ndarray | None, width: int
                ) -> tuple[np.ndarray, np.ndarray, Callable[[int, int, int, int], None]] | None:
     """The first two levels of engine.fast's sums of a 2-D float32 block, by a compiled loop: each
-    row's sums of groups of ``width`` values and of their absolute values, both in float64, and
-    those sums' own sums in groups of ``width``; and a copy of the block into ``out`` (of its
+    row's sums of groups of ``width`` values, in float64, and of their absolute values, in float32
+    (again in float64 where that sum is inf or NaN), and those sums' own sums in groups of
+    ``width``, in float64; and a copy of the block into ``out`` (of its
     shape) as it is read.  Returns ``(second, second_abs, run)``, the second level's arrays: call
     ``run(r0, r1, c0, c1)`` for the blocks of rows and columns to fill, c0 a multiple of
     ``GROUP * LANES`` (each call writes only its own block's groups, and releases the GIL, so
@@ -120,8 +148,9 @@ def group_sums(block: np.ndarray, out: np.ndarray | None, width: int
 
     Each group sum, at either level, is made of at most ``width`` values added one after another
     from 0.0: at most ``width - 1`` roundings, so it errs by at most gamma_(width-1) of its
-    absolute sum (engine.fast's bound for a level's group added in any order), and so does each
-    sum of absolute values.  Which values form a group differs from the numpy code's (see LANES):
+    absolute sum (engine.fast's bound for a level's group added in any order), in float64's unit
+    roundoff; a first-level sum of absolute values within float32's (made in float32, or, where
+    that is not finite, in float64).  Which values form a group differs from the numpy code's (see LANES):
     the sums are the same to within those bounds, not bit for bit."""
     arrays = (block,) if out is None else (block, out)
     if width != GROUP or np.ndim(block) != 2 or not _fused._plain(*arrays, dtype=np.float32):

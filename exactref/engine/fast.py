@@ -459,8 +459,9 @@ def _first_level(block: np.ndarray, out: np.ndarray | None = None
 def _compiled_levels(block: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, float, int] | None:
     """:func:`_first_level`'s result from exactref/_fused_sums.py's group_sums, which makes the first two
     levels of a float32 block's sums (each group of at most _SUM_WIDTH values added in float64,
-    so each errs by at most gamma_63 of its absolute sum, at both levels, for the sums of
-    absolute values too), in one pass; None where the loop does not apply (see group_sums)."""
+    so each errs by at most gamma_63 of its absolute sum, at both levels; the first level's sums
+    of absolute values in float32, as :func:`_first_level`'s own, so within float32's gamma_63),
+    in one pass; None where the loop does not apply (see group_sums)."""
     compiled = _fused_sums.group_sums(block, out, _SUM_WIDTH) if block.dtype == np.float32 else None
     if compiled is None:
         return None
@@ -479,7 +480,7 @@ def _compiled_levels(block: np.ndarray, out: np.ndarray | None) -> tuple[np.ndar
         parts = [(r, min(rows, r + height), c, min(T, c + width)) for r in range(0, rows, height)
                  for c in range(0, T, width)]
         for_each(lambda i: run(*parts[i]), len(parts))
-    return second, second_abs, gamma(_SUM_WIDTH - 1, U64), 2
+    return second, second_abs, gamma(_SUM_WIDTH - 1, U32), 2
 
 
 def _padded(buf: np.ndarray, src: np.ndarray, cols: int, *, absolute: bool = False) -> np.ndarray:

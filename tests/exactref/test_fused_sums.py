@@ -15,6 +15,7 @@ its own, documented in _fused_sums.py.  So it is checked three ways:
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -41,20 +42,25 @@ def _bits(x: np.ndarray) -> np.ndarray:
 def _emulated(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The documented order: a row's bunches of 8192 values (the last one shorter); in a bunch of
     n values with c = min(128, ceil(n / 64)) lanes, value t goes to lane t % c, each lane added one
-    value after another from 0.0; then the lanes, 64 at a time, added one after another from
-    0.0.  Returns the second level's sums and sums of |x|."""
+    value after another from 0.0, in float64, and its |values| in float32 (in float64 where that
+    sum is not finite); then the lanes, 64 at a time, added one after another from 0.0, in
+    float64.  Returns the second level's sums and sums of |x|."""
     rows, T = x.shape
     second = np.empty((rows, -(-T // (G * G))))
     second_abs = np.empty_like(second)
     for r in range(rows):
         for b0 in range(0, T, BUNCH):
-            vals = x[r, b0:b0 + BUNCH].astype(np.float64)
+            vals32 = x[r, b0:b0 + BUNCH]
+            vals = vals32.astype(np.float64)
             cols = min(L, -(-vals.size // G))
-            s, a = np.zeros(cols), np.zeros(cols)
+            s, a32, a64 = np.zeros(cols), np.zeros(cols, np.float32), np.zeros(cols)
             for i in range(0, vals.size, cols):  # (inf - inf is NaN there as in the loop)
                 row = vals[i:i + cols]
                 s[:row.size] += row
-                a[:row.size] += np.abs(row)
+                with np.errstate(over="ignore"):
+                    a32[:row.size] += np.abs(vals32[i:i + cols])  # (float32's own additions)
+                a64[:row.size] += np.abs(row)
+            a = np.where(np.isfinite(a32), a32.astype(np.float64), a64)
             for h in range(-(-cols // G)):
                 t, t_abs = np.float64(0.0), np.float64(0.0)
                 for j in range(h * G, min(cols, (h + 1) * G)):
@@ -110,6 +116,7 @@ def test_group_sums_add_in_their_documented_order_and_copy(rows: int, T: int, sp
 def test_group_sums_are_within_two_levels_of_gamma_63(kind: str) -> None:
     # Each level adds at most 64 values: gamma_63 of their absolute sum, the second level's terms
     # being the first's sums, at most (1 + gamma_63) times theirs.  So gamma_63 (2 + gamma_63).
+    # The sums of |x|: g32 (float32's gamma_63) at the first level, so g32 + gamma_63 (1 + g32).
     rng = np.random.default_rng(5)
     T = 5 * BUNCH + 3000
     x = _wide(rng, (1, T))
@@ -120,6 +127,7 @@ def test_group_sums_are_within_two_levels_of_gamma_63(kind: str) -> None:
     second, second_abs, run = _fused_sums.group_sums(x, None, G)
     run(0, 1, 0, x.shape[1])
     g = Fraction(63, 2 ** 53) / (1 - Fraction(63, 2 ** 53))
+    g32 = Fraction(63, 2 ** 24) / (1 - Fraction(63, 2 ** 24))
     for k in range(second.shape[1]):
         # Second-level group k: half k % 2 of bunch k // 2's lanes (value t of a bunch in lane
         # t % cols, cols lanes: 128, or fewer in the last bunch).
@@ -128,16 +136,15 @@ def test_group_sums_are_within_two_levels_of_gamma_63(kind: str) -> None:
         lanes = np.arange(bunch.size) % cols
         terms = [Fraction(float(v)) for v in bunch[lanes // G == k % 2]]
         exact, absolute = sum(terms, Fraction(0)), sum(map(abs, terms), Fraction(0))
-        bound = g * (2 + g) * absolute
-        assert abs(Fraction(float(second[0, k])) - exact) <= bound, k
-        assert abs(Fraction(float(second_abs[0, k])) - absolute) <= bound, k
+        assert abs(Fraction(float(second[0, k])) - exact) <= g * (2 + g) * absolute, k
+        assert abs(Fraction(float(second_abs[0, k])) - absolute) <= (g32 + g * (1 + g32)) * absolute, k
 
 
 def test_the_first_level_reports_the_two_levels_the_loop_made() -> None:
     # _sum_block's bound counts the levels from there: the loop's two, then _grouped_sum's.
     x = _wide(np.random.default_rng(1), (1, 3 * BUNCH))
     first, first_abs, g_abs, made = fast._first_level(x)
-    assert made == 2 and first.shape == (1, 6) and g_abs == fast.gamma(63, fast.U64)
+    assert made == 2 and first.shape == (1, 6) and g_abs == fast.gamma(63, fast.U32)
     assert np.array_equal(_bits(first), _bits(_emulated(x)[0]))
 
 
@@ -205,10 +212,30 @@ def test_a_long_float32_sum_is_the_exact_one_with_the_loop_and_without(monkeypat
         assert sum(abs(Fraction(float(v))) for v in x) <= Fraction(float(enc.S)), loops
         results[loops] = er.sum(x)
     assert results[True].rounded == results[False].rounded == np.float32(want)
-    # The tolerances are the bound for any order on S, the bound on the sum of |x|: the numpy
-    # code's S is a float32 sum, raised by 2 gamma_63 of float32 (7.5e-6), the loop's a float64 one.
+    # The tolerances are the bound for any order on S, the bound on the sum of |x|: both are float32
+    # sums of |x| in groups of 64, in different orders, raised by 2 gamma_63 of float32 (7.5e-6).
     tol = [float(results[b].tolerance) for b in (True, False)]
-    assert tol[0] <= tol[1] <= tol[0] * (1 + 1e-5)
+    assert math.isclose(tol[0], tol[1], rel_tol=1e-5)  # (inf where the sum may overflow float32)
+
+
+def test_a_float32_sum_of_magnitudes_that_overflows_is_made_again_in_float64() -> None:
+    # Every lane of the first bunch holds 64 values of float32's largest magnitude: their float32
+    # sum overflows; the float64 one, 64 times that, does not, and it is what the loop keeps.
+    big = np.finfo(np.float32).max
+    x = np.full((1, 2 * BUNCH + 100), 0.5, np.float32)
+    x[0, :BUNCH] = big
+    x[0, 1:BUNCH:2] = -big
+    x[0, BUNCH + 7] = np.float32(2.0 ** 127)  # a finite lane of a later bunch, beside
+    second, second_abs, run = _fused_sums.group_sums(x, None, G)
+    run(0, 1, 0, x.shape[1])
+    want, want_abs = _emulated(x)
+    assert np.array_equal(_bits(second), _bits(want)) and np.array_equal(_bits(second_abs), _bits(want_abs))
+    assert second_abs[0, 0] == second_abs[0, 1] == 64 * 64 * float(big)
+    # So the whole sum's S is finite, and the enclosure from the loop stands.
+    terms = [Fraction(float(v)) for v in x[0]]
+    enc = fast.long_sums(x[0], True)
+    assert np.isfinite(enc.S) and Fraction(float(enc.S)) >= sum(map(abs, terms))
+    assert abs(Fraction(float(enc.hi)) + Fraction(float(enc.lo)) - sum(terms)) <= Fraction(float(enc.rad))
 
 
 def test_a_short_or_non_float32_block_keeps_the_numpy_code() -> None:
