@@ -20,11 +20,13 @@ import numpy as np
 
 from . import _fused
 
-__all__ = ["GROUP", "LANES", "group_sums"]
+__all__ = ["GROUP", "LANES", "group_sums", "row_sums"]
 
 # The compiled helpers the loop calls, set when it is first built (see _fused._BITS).
 _SECOND_LEVEL: Any = None
 _REFILL: Any = None
+_LEVELS: Any = None
+_LOOP: Any = None
 
 # The groups of a float32 sum's first level (group_sums): GROUP values each, lying across LANES
 # lanes: group j of a bunch of GROUP * LANES values takes its values j, j + LANES, j + 2 LANES, ...
@@ -132,6 +134,60 @@ def _group_sums_loop() -> Callable[..., None]:
                 _SECOND_LEVEL(s, a, cols, f, fa, b0 // (width * width))
 
     return loop
+
+
+@functools.lru_cache(maxsize=1)
+def _row_sums_loop() -> Callable[..., tuple[float, float, int]]:
+    loop = _group_sums_loop()
+    width = GROUP
+
+    @_fused._jit()
+    def levels(s, a):
+        # The later levels of one row: the m sums of s (and of a) in groups of width values j,
+        # j + k, j + 2k, ... (k = ceil(m / width)), each added one after another from its first
+        # value, into s[j] (and a[j]), until one is left; returns it and how many levels it took.
+        m = s.shape[0]
+        made = 0
+        while m > 1:
+            k = (m + width - 1) // width
+            for j in range(k):
+                t = s[j]
+                t_abs = a[j]
+                for i in range(1, width):
+                    if i * k + j < m:
+                        t += s[i * k + j]
+                        t_abs += a[i * k + j]
+                s[j] = t
+                a[j] = t_abs
+            m = k
+            made += 1
+        return s[0], a[0], made
+
+    global _LEVELS, _LOOP
+    _LEVELS, _LOOP = levels, loop
+
+    @_fused._jit()
+    def row_sums(x, out, copy, first, first_abs):
+        _LOOP(x, out, copy, 0, 1, 0, x.shape[1], first, first_abs)
+        return _LEVELS(first[0], first_abs[0])
+
+    return row_sums
+
+
+def row_sums(row: np.ndarray, out: np.ndarray | None) -> tuple[float, float, int] | None:
+    """engine.fast's sums of one float32 row (1-D), by one compiled call: group_sums' first two
+    levels, then the later ones, each group of at most GROUP sums added one after another; and
+    a copy of the row into ``out`` as it is read.  Returns ``(sum, sum of |x|, levels)``, or None
+    where group_sums does not apply (or the row is not 1-D).  Each level errs by at most gamma_63
+    of its absolute sum (the first level's sums of |x|: float32's, as group_sums says)."""
+    if np.ndim(row) != 1 or not _fused._plain(*((row,) if out is None else (row, out)), dtype=np.float32):
+        return None  # (group_sums' own test)
+    m = -(-row.size // (GROUP * GROUP))
+    first, first_abs = np.empty((1, m)), np.empty((1, m))
+    # (See group_sums for the stand-in out.)
+    dst = np.empty((1, 0), np.float32) if out is None else out[None, :]
+    total, total_abs, made = _row_sums_loop()(row[None, :], dst, out is not None, first, first_abs)
+    return total, total_abs, made + 2
 
 
 def group_sums(block: np.ndarray, out: np.ndarray | None, width: int

@@ -287,6 +287,12 @@ def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enc
         X, out = out, None
     rows = X.reshape(-1, T)
     dst = None if out is None else out.reshape(-1, T)  # (a view: out is C-contiguous, as X)
+    if narrow and rows.shape[0] == 1 and _FUSED_MIN <= T < _FUSED_PARALLEL:
+        # One row that one call of the compiled loop sums on this thread, every level of it (a
+        # full sum of float32 values, whose one output element numpy's steps below cost the more).
+        made = _fused_sums.row_sums(rows[0], None if dst is None else dst[0])
+        if made is not None:
+            return _one_row(*made, lead)
     hi, lo, rad, S = (np.empty(rows.shape[0]) for _ in range(4))
     step = _SUM_BLOCK // max(T, 1)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -303,6 +309,27 @@ def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enc
     bad = ~np.isfinite(hi) | ~np.isfinite(lo) | ~(rad < np.inf) | np.isnan(S)
     return Enclosure(np.where(bad, 0.0, hi).reshape(lead), np.where(bad, 0.0, lo).reshape(lead),
                      np.where(bad, np.inf, rad).reshape(lead), S.reshape(lead))
+
+
+def _one_row(total: float, total_abs: float, levels: int, lead: tuple[int, ...]) -> Enclosure:
+    """long_sums' enclosure of one narrow row from its compiled sums (exactref/_fused_sums.py's
+    row_sums): :func:`_sum_block`'s bounds, on Python floats (the same IEEE operations)."""
+    S = _abs_bound(total_abs, gamma(_SUM_WIDTH - 1, U32), levels)
+    rad = up(2 * levels * gamma(_SUM_WIDTH - 1, U64) * S)
+    if not rad < math.inf:
+        # long_sums' own marks of a non-finite sum.  (The float64 sums of float32 values cannot
+        # overflow: that of |x|, and so rad, is inf or NaN exactly where a value is, and so
+        # wherever the sum is.)
+        total, rad = 0.0, math.inf
+    return Enclosure(*(np.full(lead, v) for v in (total, 0.0, rad, S)))
+
+
+def _abs_bound(S: Any, g_abs: float, levels: int) -> Any:
+    """A bound on the exact sum of |x| from its computed one, made in ``levels`` levels, the first
+    of which errs by at most ``g_abs`` of it and each later one by gamma_63."""
+    # The computed sums of |x| are at least (1 - g_abs)(1 - g)**(levels - 1) >= 1 - g_abs -
+    # (levels - 1) g times the exact ones (sums of nonnegative terms), and 1 / (1 - t) <= 1 + 2 t.
+    return up(S * (1 + 2 * (g_abs + (levels - 1) * gamma(_SUM_WIDTH - 1, U64))))
 
 
 def _compiled(X: np.ndarray) -> bool:
@@ -348,9 +375,7 @@ def _sum_block(block: np.ndarray, narrow: bool, out: np.ndarray | None = None
         total, _ = _grouped_sum(block)
     else:
         S, levels = _grouped_sum(np.abs(block))
-    # The computed sums of |x| are at least (1 - g_abs)(1 - g)**(levels - 1) >= 1 - g_abs -
-    # (levels - 1) g times the exact ones (sums of nonnegative terms), and 1 / (1 - t) <= 1 + 2 t.
-    S = up(S * (1 + 2 * (g_abs + (levels - 1) * g)))
+    S = _abs_bound(S, g_abs, levels)
     if narrow:
         return total, np.zeros_like(total), up(2 * levels * g * S), S
     x = block.astype(np.float64)

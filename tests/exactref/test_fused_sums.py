@@ -15,7 +15,9 @@ its own, documented in _fused_sums.py.  So it is checked three ways:
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from fractions import Fraction
 
 import numpy as np
@@ -243,3 +245,78 @@ def test_a_short_or_non_float32_block_keeps_the_numpy_code() -> None:
     assert _fused_sums.group_sums(np.ones((1, BUNCH)), None, G) is None  # float64
     assert _fused_sums.group_sums(np.ones((2, BUNCH), np.float32)[:, ::2], None, G) is None  # not contiguous
     assert _fused_sums.group_sums(np.ones((1, BUNCH), np.float32), None, 32) is None  # another width
+
+
+def _later_levels(s: np.ndarray, a: np.ndarray) -> tuple[float, float, int]:
+    """row_sums' documented later levels: m sums in groups j, j + k, j + 2k, ... (k = ceil(m / 64)),
+    each added one after another from its first value, until one is left."""
+    s, a, made = s.tolist(), a.tolist(), 0  # (Python floats: IEEE float64 additions)
+    while len(s) > 1:
+        k = -(-len(s) // G)
+        groups = [range(j, len(s), k) for j in range(k)]
+        s = [functools.reduce(operator.add, [s[i] for i in g]) for g in groups]
+        a = [functools.reduce(operator.add, [a[i] for i in g]) for g in groups]
+        made += 1
+    return s[0], a[0], made
+
+
+@pytest.mark.parametrize(("T", "special"), [
+    (4096, False), (BUNCH, False), (BUNCH + 1, True), (300_001, False), (64 * 4096 + 1, False),
+    (64 * 64 * 4096 + 3, False), (1_000_000, True)])
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_row_sums_add_every_level_in_their_documented_order_and_copy(T: int, special: bool) -> None:
+    x = _wide(np.random.default_rng(T), (T,), special)
+    second, second_abs = _emulated(x[None, :])
+    want = _later_levels(second[0], second_abs[0])
+    out = np.full_like(x, np.nan)
+    total, total_abs, levels = _fused_sums.row_sums(x, out)
+    assert np.array_equal(_bits(np.array([total, total_abs])), _bits(np.array(want[:2])))
+    assert levels == want[2] + 2 == 2 + max(0, math.ceil(math.log(second.shape[1], G)))
+    assert np.array_equal(out.view(np.uint32), x.view(np.uint32))
+    assert _fused_sums.row_sums(x, None)[:2] == (total, total_abs) or special  # (NaN != NaN)
+
+
+def test_row_sums_takes_what_group_sums_takes() -> None:
+    assert _fused_sums.row_sums(np.ones(4096, np.float32), None) is not None
+    assert _fused_sums.row_sums(np.ones(_fused.MIN_SIZE - 1, np.float32), None) is None
+    assert _fused_sums.row_sums(np.ones(BUNCH), None) is None  # float64
+    assert _fused_sums.row_sums(np.ones(2 * BUNCH, np.float32)[::2], None) is None  # not contiguous
+    assert _fused_sums.row_sums(np.ones((2, BUNCH), np.float32), None) is None  # not one row
+    assert _fused_sums.row_sums(np.ones(BUNCH, np.float32), np.ones(BUNCH)) is None  # out float64
+
+
+@pytest.mark.parametrize("lead", [(), (1,), (1, 1)])
+@pytest.mark.parametrize("kind", ["wide", "inf", "nan", "overflowing"])
+def test_one_rows_enclosure_is_the_numpy_codes_bounds_on_its_sums(monkeypatch, lead: tuple[int, ...],
+                                                                   kind: str) -> None:
+    # long_sums of one row takes row_sums; its enclosure is _sum_block's bounds on those sums, which
+    # hold the exact sum (checked against Fractions), and the same marks where a value is not finite.
+    T = 3 * BUNCH + 77
+    x = _wide(np.random.default_rng(len(lead)), (T,))
+    if kind != "wide":
+        x[T // 2] = {"inf": np.inf, "nan": np.nan, "overflowing": np.finfo(np.float32).max}[kind]
+        x[T // 3] = x[T // 2]
+    X = x.reshape(lead + (T,))
+    calls = []
+    real = _fused_sums.row_sums
+    monkeypatch.setattr(_fused_sums, "row_sums", lambda *a: calls.append(1) or real(*a))
+    out = np.full_like(X, np.nan)
+    enc = fast.long_sums(X, True, out=out)
+    assert calls and np.array_equal(out.view(np.uint32), X.view(np.uint32))
+    total, total_abs, levels = real(x, None)
+    g, g32 = fast.gamma(63, fast.U64), fast.gamma(63, fast.U32)
+    S = fast.up(total_abs * (1 + 2 * (g32 + (levels - 1) * g)))
+    assert all(a.shape == lead and a.dtype == np.float64 for a in (enc.hi, enc.lo, enc.rad, enc.S))
+    assert np.array_equal(_bits(enc.S), _bits(np.full(lead, S)))
+    hi, lo, rad, S_enc = (a.item() for a in (enc.hi, enc.lo, enc.rad, enc.S))
+    if kind in ("wide", "overflowing"):
+        assert (hi, lo, rad) == (total, 0.0, fast.up(2 * levels * g * S))
+        terms = [Fraction(float(v)) for v in x]
+        assert abs(Fraction(hi) - sum(terms)) <= Fraction(rad)
+        assert sum(map(abs, terms)) <= Fraction(S_enc)
+    else:
+        assert (hi, lo, rad) == (0.0, 0.0, np.inf) and not np.isfinite(S_enc)
+    # The numpy code's enclosure is the same kind: the same marks, and it holds the same sum.
+    monkeypatch.setattr(_fused_sums, "row_sums", lambda *a: None)
+    other = fast.long_sums(X, True)
+    assert np.isfinite(other.rad) == np.isfinite(enc.rad) and np.isfinite(other.S) == np.isfinite(enc.S)
