@@ -105,9 +105,9 @@ def _own(o: Operand, axes: tuple[int, ...]) -> tuple[Operand, Enclosure | None]:
 
     The sums of |x| there are float32 sums, made again in float64 where one is not finite (float64
     sums of float32 values cannot overflow): they are inf or NaN exactly where a value is, so they
-    tell whether every value is finite.  RowTerm.enclose
-    would compute the same enclosure from the copy (fast.long_sums, on the same values in the same
-    layout); a sum with a non-finite value is computed as before, without it.
+    tell whether every value is finite.  RowTerm.enclose would compute the same enclosure from
+    the copy (fast.long_sums, on the same values in the same layout); a sum with a non-finite
+    value is computed as before, without it.
     """
     arr = o.array
     if arr.dtype == np.float32 and len(axes) == arr.ndim and arr.flags.c_contiguous and arr.size >= _FUSED_SIZE:
