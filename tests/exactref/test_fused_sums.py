@@ -25,7 +25,7 @@ import pytest
 
 import exactref as er
 from exactref import _fused, _fused_sums
-from exactref.engine import fast
+from exactref.engine import fast, sumprod
 
 from .oracle import round_fraction
 
@@ -320,3 +320,37 @@ def test_one_rows_enclosure_is_the_numpy_codes_bounds_on_its_sums(monkeypatch, l
     monkeypatch.setattr(_fused_sums, "row_sums", lambda *a: None)
     other = fast.long_sums(X, True)
     assert np.isfinite(other.rad) == np.isfinite(enc.rad) and np.isfinite(other.S) == np.isfinite(enc.S)
+
+
+@pytest.mark.parametrize("tail", [
+    [1.0, 2.0 ** -24],  # a tie between 1 and its float32 successor: the even one, 1
+    [1.0, 2.0 ** -24, 2.0 ** -60],  # just past the tie: the successor
+    [2.0 ** 100, 3.0, -(2.0 ** 100)],  # cancellation down to 3
+    [-(2.0 ** -130), 2.0 ** -149],  # a subnormal result
+    [1000.5],  # far from a boundary, next to the radius (S, about 8e5, times 5e-14): decided at once
+])
+def test_a_full_sum_of_a_million_values_is_the_exact_one_rounded(monkeypatch, tail: list[float]) -> None:
+    # The benchmark's size, through the op's one compiled call (row_sums), with cancelling values
+    # around a tail that puts the exact sum on, or next to, a float32 rounding boundary, or within
+    # the enclosure's radius of one: those take the exact path, which reads the op's copy of x
+    # that the loop made.
+    rng = np.random.default_rng(len(tail))
+    a = rng.standard_normal(500_000).astype(np.float32)
+    x = np.concatenate([a, -a, np.array(tail, np.float32)])
+    rng.shuffle(x)
+    assert x.size < fast._FUSED_PARALLEL and np.array_equal(np.array(tail, np.float32), tail)
+    scale = 2.0 ** 149  # every float32 is an integer multiple of 2**-149, so the sum is exact in ints
+    exact = Fraction(sum(int(v) for v in (x.astype(np.float64) * scale).tolist()), 2 ** 149)
+    calls, exactly = [], []
+    real = _fused_sums.row_sums
+    monkeypatch.setattr(_fused_sums, "row_sums", lambda *a: calls.append(1) or real(*a))
+    for name in ("_exact_round", "_exact_long"):
+        monkeypatch.setattr(sumprod, name, functools.partial(
+            lambda f, *a: exactly.append(1) or f(*a), getattr(sumprod, name)))
+    res = er.sum(x)
+    assert calls and res.rounded == np.float32(round_fraction(exact, "float32"))
+    assert bool(exactly) == (tail != [1000.5])
+    part = res._parts[0]  # (the bounds on the exact value that judged it)
+    assert Fraction(float(part.x_lo)) <= exact <= Fraction(float(part.x_hi))
+    x[:] = 0  # the Result keeps its own copy: its exact value does not change with x
+    assert res.exact(()) == exact
