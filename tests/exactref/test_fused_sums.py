@@ -1,16 +1,18 @@
-"""exactref/_fused_sums.py's group_sums: the compiled first two levels of a long float32 sum.
+"""exactref/_fused_sums.py: the compiled levels of a long float32 sum (group_sums' first two, and
+row_sums' every level of one row).
 
-Unlike the other loops, it does not make the numpy code's values (that code
-adds in the BLAS's order, which no loop can repeat): it adds in an order of
-its own, documented in _fused_sums.py.  So it is checked three ways:
+Unlike the other loops, they do not make the numpy code's values (that code
+adds in the BLAS's order, which no loop can repeat): they add in an order of
+their own, documented in _fused_sums.py.  So they are checked three ways:
 
 * bit for bit against that order, emulated here with numpy's elementwise
-  float64 additions (each IEEE's, as the loop's);
-* each sum within its two levels' bound, gamma_63 (2 + gamma_63) of its
-  absolute sum, against Fractions;
+  float64 and float32 additions, and Python's float ones (each IEEE's, as
+  the loop's);
+* each sum within its levels' bound against Fractions: gamma_63 (2 + gamma_63)
+  of its absolute sum for two levels of float64 additions;
 * whole sums with the loop and without it: the same rounded value, the exact
   one (Fractions rounded by tests/exactref/oracle.py), and enclosures that
-  hold it.
+  hold it; at a million values too, through the exact path.
 """
 
 from __future__ import annotations
@@ -327,7 +329,7 @@ def test_one_rows_enclosure_is_the_numpy_codes_bounds_on_its_sums(monkeypatch, l
     [1.0, 2.0 ** -24, 2.0 ** -60],  # just past the tie: the successor
     [2.0 ** 100, 3.0, -(2.0 ** 100)],  # cancellation down to 3
     [-(2.0 ** -130), 2.0 ** -149],  # a subnormal result
-    [1000.5],  # far from a boundary, next to the radius (S, about 8e5, times 5e-14): decided at once
+    [1000.5],  # farther from a boundary than the radius (S, about 8e5, times 6e-14): decided at once
 ])
 def test_a_full_sum_of_a_million_values_is_the_exact_one_rounded(monkeypatch, tail: list[float]) -> None:
     # The benchmark's size, through the op's one compiled call (row_sums), with cancelling values
