@@ -273,7 +273,8 @@ def long_sums(X: np.ndarray, narrow: bool, out: np.ndarray | None = None) -> Enc
     L gamma_63 S (10**-14 S for 10**8 terms).  Other values (float64) are first split exactly,
     ``x = q1 + q2 + r`` (Ozaki's extraction, see :func:`_slices`), so that
     the q sum exactly and only the small r err.  X is read
-    in blocks of rows (or of one row), so no float64 copy of it is made.
+    in blocks of rows (or of one row), so no float64 copy of it is made; a single narrow float32
+    row shorter than _FUSED_PARALLEL is summed, every level, by one compiled call (:func:`_one_row`).
     ``out``, an array of X's shape and dtype, receives a copy of X, each part
     written while it is read for the sums (no pass over memory of its own),
     or, for some sizes, first (where that was measured to be the faster).
