@@ -171,13 +171,6 @@ def _abs_float32(B: np.ndarray) -> tuple[np.ndarray, bool]:
     return (out, True) if all(fits_all) else (np.abs(B), False)
 
 
-def _abs_given(abs_b: np.ndarray) -> tuple[np.ndarray, bool]:
-    """:func:`_abs_float32`'s result from ``abs_b``, |B| in float32 with every value exact and every
-    nonzero one in :func:`_in_float32_range`'s range (the caller tested it as it made them): the
-    same arrays."""
-    return abs_b, True
-
-
 # Values of B per block of _abs_float32 (1 MiB of float64).
 _ABS_BLOCK = 1 << 17
 
@@ -333,7 +326,8 @@ class Right:
         self.fine_lock = threading.Lock()
         self.cut: _Slicing | None = None  # B cut for the products (none without terms: K = 0)
         if narrow or K == 0:
-            self.absB, self.in32 = _abs_float32(B) if abs_b is None else _abs_given(abs_b)
+            # (A given abs_b is what _abs_float32 would return, the range tested as it was made.)
+            self.absB, self.in32 = _abs_float32(B) if abs_b is None else (abs_b, True)
             return
         if one_slice is None and quick and K <= _QUICK_MAX_K:
             one_slice = _quick_exponents(K)
