@@ -434,13 +434,21 @@ _REFINE_SHARE = 1 / 128
 _REFINE_MIN = 128
 
 
-def _narrow_product(terms: list[Term]) -> products.NarrowProduct | None:
-    """The BLAS products of a block whose one term is a narrow 2-D product with coefficient 1 (a
-    float32 matmul's block, say), before its enclosure is made (solve_in_blocks's ``decide``)."""
+def _plain_narrow(terms: list[Term]) -> MatmulTerm | None:
+    """The one term of a block that is a narrow 2-D product with coefficient 1 (a float32 matmul's
+    block, say), or None: the blocks the compiled decision and the compiled gather take."""
     if len(terms) != 1:
         return None
     t = terms[0]
-    if not (isinstance(t, MatmulTerm) and t.narrow and t.coef == 1 and t.A.ndim == 2 and t.B.ndim == 2):
+    ok = isinstance(t, MatmulTerm) and t.narrow and t.coef == 1 and t.A.ndim == 2 and t.B.ndim == 2
+    return t if ok else None
+
+
+def _narrow_product(terms: list[Term]) -> products.NarrowProduct | None:
+    """The BLAS products of a :func:`_plain_narrow` block, before its enclosure is made
+    (solve_in_blocks's ``decide``)."""
+    t = _plain_narrow(terms)
+    if t is None:
         return None
     t.prepare()
     return t.right.narrow_product(t.A, t.abs_A)
@@ -571,13 +579,12 @@ def _exact_long(terms: list[Term], shape: tuple[int, ...], i: int, fmt: Format) 
 
 def _pieces(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float64 pieces whose row sums are the exact values of ``idx``, and which rows split safely."""
-    if len(terms) == 1 and len(shape) == 2:
-        t = terms[0]
-        if isinstance(t, MatmulTerm) and t.narrow and t.coef == 1:
-            # A float32 matmul's block, say: the same products by one compiled gather.
-            made = _fused_refine.gather_products(t.A, t.B, idx)
-            if made is not None:
-                return made
+    t = _plain_narrow(terms)
+    if t is not None:
+        # A float32 matmul's block, say: the same products by one compiled gather.
+        made = _fused_refine.gather_products(t.A, t.B, idx)
+        if made is not None:
+            return made
     cols: list[np.ndarray] = []
     safe = np.ones(idx.size, dtype=bool)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
