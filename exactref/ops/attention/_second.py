@@ -28,6 +28,7 @@ import numpy as np
 from ..._parallel import for_each, serially
 from ..._pool import empty
 from ...engine.fast import up
+from . import _rowsums
 from ._first import TINY, FirstPass, expm1_up, ratio_error
 from ._problem import Problem
 
@@ -64,11 +65,18 @@ _K_MAX = -_Y_MIN * _N / math.log(2) + 1
 # k = rint(y N / ln2) in float64 errs from the exact nearest integer by at most 2**-50 |y N / ln2|.
 _R_MAX = math.log(2) / (2 * _N) * (1 + 2.0 ** -40) + -_Y_MIN * 2.0 ** -48
 _Q_COEF = [1.0 / math.factorial(n) for n in range(2, 7)]
-# |q~ - q(r)|: the degree-6 truncation, r's rounding to float64 (q' = e**r - 1), and the float64
-# evaluation: 10 roundings plus 5 coefficients 1/n!, each at most 2**-53 relative, on terms whose
-# magnitudes sum to below 0.51 R_MAX**2 (counted as 32 to spare); plus underflow.
-_E_Q = (_R_MAX ** 7 / math.factorial(7) * math.exp(_R_MAX) + 2 * _R_MAX * 2.0 ** -53 * _R_MAX
-        + 32 * 2.0 ** -53 * 0.51 * _R_MAX ** 2) * 1.01 + 2.0 ** -1000
+
+
+def _q_error(r_max: float) -> float:
+    """|q~ - q(r)| for |r| <= r_max: the degree-6 truncation, r's rounding to float64 (q' = e**r - 1),
+    and the float64 evaluation: 10 roundings plus 5 coefficients 1/n!, each at most 2**-53
+    relative, on terms whose magnitudes sum to below 0.51 r_max**2 (counted as 32 to spare); plus
+    underflow."""
+    return (r_max ** 7 / math.factorial(7) * math.exp(r_max) + 2 * r_max * 2.0 ** -53 * r_max
+            + 32 * 2.0 ** -53 * 0.51 * r_max ** 2) * 1.01 + 2.0 ** -1000
+
+
+_E_Q = _q_error(_R_MAX)
 # |r~ - r| <= U2 (|r1| + |t| + |r|) + 2**-53 |k _C_LO| + |k| C_TAIL, with |t| <= |k| |C_LO| (1 + 2**-53)
 # and |r1| <= |r| + |t| + U2 |r1|: the two longdouble subtractions, k _C_LO's float64 rounding and
 # the tail of ln2/N.
@@ -77,6 +85,9 @@ _ERR_R = (U2 * (2 * _R_MAX + 2 * _K_MAX * abs(_C_LO) * (1 + 2.0 ** -52)) * (1 + 
 # The table entry (2 U2), T s (U2) and T + T s (U2) each round once in longdouble, s = r + q (U2 |s|);
 # everything else enters through |s~ - s| over 1 - |s|.
 _EXP_REL = up(4 * U2 + (_ERR_R + _E_Q + U2 * 0.0014) * 1.002 + 2.0 ** -100)
+# The relative error of a weight in _rowsums' loop (double-double), and one bound for both.
+_EXP_REL_DD = _rowsums.exp_rel(_C_LO, _C_TAIL, _q_error)
+_EXP_REL_ROWS = max(_EXP_REL, _EXP_REL_DD)
 
 
 def available() -> bool:
@@ -194,11 +205,20 @@ class _Rows:
         self.rows, self.h = rows, h
         self.unm = sp.fp.unmasked[h, rows]
         n, S = self.unm.shape
+        self.compiled = False
         if whole:
             self.w = None
             self.P = empty((n, S), LD)
             self.P_f, self.e_P = empty((n, S), np.float64), empty((n, S), np.float64)
         else:
+            self.w = None
+            done = _compiled_rows(sp, h, rows, self.unm)
+            if done is not None:
+                # Only the row sums: the keys asked for are weighed later (weights, dS).
+                self.Wd, self.pi, D, e_D = done
+                self._D = (None, None, D, e_D)
+                self.compiled = True
+                return
             self.w, self.Wd, self.pi = empty((n, S), LD), np.empty(n, dtype=LD), np.empty(n)
         # Each row's weights are its own: a block of rows at a time, so that the temporaries (a
         # longdouble is 16 bytes) stay in the cache.  A whole head of 1024 x 1024 took 137 ms on its
@@ -214,24 +234,9 @@ class _Rows:
 
     def _weights(self, sp: SecondPass, sl: slice) -> None:
         """P, P_f >= P~ and e_P >= |P~ - P| of the rows ``sl`` of this object's rows (or w, W and pi)."""
-        fp, pb, h = sp.fp, sp.pb, self.h
         rows = self.rows[sl]
         unm = self.unm[sl]
-        d_hi, d_lo, d_rad = (a[rows] for a in sp.logit_parts(h))
-        s, es, abs_s = sp.s, sp.e_s, sp.abs_s
-        x = s * (LD(d_hi) + LD(d_lo))  # d~ = hi + lo errs by U2 |d~| and d_rad; s d~ by U2 |s d~|
-        ad = _abs_up(d_hi, d_lo, d_rad)  # >= |d| and |d~|
-        ex = es * ad + abs_s * (d_rad + U2 * ad) + U2 * abs_s * ad * (1 + 2.0 ** -50)
-        if pb.additive is not None:
-            add = pb.additive[h, rows]
-            x = x + LD(add)
-            ex = ex + U2 * up(abs_s * ad * (1 + 2.0 ** -50) + np.abs(add))
-        yv = x - LD(fp.M[h, rows])[:, None]
-        yf = np.asarray(yv, dtype=np.float64)
-        ey = up((ex + U2 * np.where(unm, up(np.abs(yf)), 0.0)) * (1 + 4 * U2))
-        w, rel = _exp(yv, yf)
-        if not unm.all():
-            w = np.where(unm, w, LD(0))
+        w, ey, rel = _unnormalised(sp, self.h, rows, slice(None), unm)
         # The row's worst relative error of a weight, epsbar = max_j up(expm1_up(ey_j) (1 + rel) + rel)
         # over its unmasked keys, is that of the largest ey_j: the bound is nondecreasing in ey up
         # to 1 (beyond, expm1_up changes formula and each element counts).
@@ -247,8 +252,7 @@ class _Rows:
         full = ~unm.any(axis=-1)
         Wd = np.where(full, LD(1), W)
         # |w~_j / W~ - P_j| <= pi P_j (+ TINY), and so for its rounding P~ (pi holds a u for it).
-        pi = ratio_error(epsbar, U2, _gamma(levels))
-        pi = np.where(epsbar < 0.5, pi, np.inf)
+        pi = _pi(epsbar, _gamma(levels))
         if self.w is not None:
             self.w[sl], self.Wd[sl], self.pi[sl] = w, Wd, pi
             return
@@ -256,9 +260,18 @@ class _Rows:
         np.divide(w, Wd[:, None], out=P)
         self.P_f[sl], self.e_P[sl] = _weight_bounds(P, pi, unm)
 
-    def weights(self, cols: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def weights(self, sp: SecondPass, cols: np.ndarray | slice = slice(None)
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """P, P_f and e_P at the keys ``cols`` of every row (formed there if the weights are kept
-        unnormalised: the same values as those of the whole rows)."""
+        unnormalised: the same values as those of the whole rows; weighed there, if only the row
+        sums were made: values within the same bound)."""
+        if self.compiled:
+            # Each weight's error is at most the row's epsbar, which the loop's eymax bounds
+            # (docs/attention.md, "The compiled row sums"), whatever its own ey.
+            unm = self.unm[:, cols]
+            w = _unnormalised(sp, self.h, self.rows, cols, unm)[0]
+            P = w / self.Wd[:, None]
+            return (P, *_weight_bounds(P, self.pi, unm))
         if self.w is None:
             return self.P[:, cols], self.P_f[:, cols], self.e_P[:, cols]
         P = self.w[:, cols] / self.Wd[:, None]
@@ -279,7 +292,7 @@ class _Rows:
                 self._row_sums(sp, sl)
         dP_all, e_dP_all, D, e_D = self._D
         at = (slice(None), slice(None) if cols is None else cols)
-        P, P_f, e_P = self.weights(at[1])
+        P, P_f, e_P = self.weights(sp, at[1])
         unm = self.unm[at]
         if dP_all is not None:
             dP, e_dP = dP_all[at], e_dP_all[at]
@@ -313,6 +326,64 @@ class _Rows:
         D[sl], e_D[sl] = _unnormalised_row_sums(self.w[sl], self.Wd[sl], self.pi[sl], dP_b, e_dP_b, adP)
 
 
+def _unnormalised(sp: SecondPass, h: int, rows: np.ndarray, cols: np.ndarray | slice, unm: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, float]:
+    """The weights w~ = exp(y~) of head h at ``rows`` x ``cols`` (0 where masked), ey >= |y~ - y| and
+    the exp's relative error."""
+    fp, pb = sp.fp, sp.pb
+    at = np.ix_(rows, cols) if isinstance(cols, np.ndarray) else (rows, cols)
+    d_hi, d_lo, d_rad = (a[at] for a in sp.logit_parts(h))
+    s, es, abs_s = sp.s, sp.e_s, sp.abs_s
+    x = s * (LD(d_hi) + LD(d_lo))  # d~ = hi + lo errs by U2 |d~| and d_rad; s d~ by U2 |s d~|
+    ad = _abs_up(d_hi, d_lo, d_rad)  # >= |d| and |d~|
+    ex = es * ad + abs_s * (d_rad + U2 * ad) + U2 * abs_s * ad * (1 + 2.0 ** -50)
+    if pb.additive is not None:
+        add = pb.additive[h][at]
+        x = x + LD(add)
+        ex = ex + U2 * up(abs_s * ad * (1 + 2.0 ** -50) + np.abs(add))
+    yv = x - LD(fp.M[h, rows])[:, None]
+    yf = np.asarray(yv, dtype=np.float64)
+    ey = up((ex + U2 * np.where(unm, up(np.abs(yf)), 0.0)) * (1 + 4 * U2))
+    w, rel = _exp(yv, yf)
+    if not unm.all():
+        w = np.where(unm, w, LD(0))
+    return w, ey, rel
+
+
+def _pi(epsbar: np.ndarray, g_W: float) -> np.ndarray:
+    """|w~_j / W~ - P_j| <= pi P_j (+ TINY) for weights within epsbar and a row sum W~ within g_W of
+    the sum of w~ (pi holds a u for the quotient's rounding)."""
+    return np.where(epsbar < 0.5, ratio_error(epsbar, U2, g_W), np.inf)
+
+
+def _compiled_rows(sp: SecondPass, h: int, rows: np.ndarray, unm: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Wd, pi, D and e_D of head h's ``rows`` from _rowsums' loop; None where it does not apply (no
+    numba, an additive mask, a row with a weight below exp(Y_LOW) or an error bound past 1)."""
+    if sp.pb.additive is not None or sp.scale_parts is None:
+        return None
+    whole = len(rows) == unm.shape[0] == sp.pb.L and bool((rows == np.arange(len(rows))).all())
+    at = slice(None) if whole else rows
+    out = _rowsums.row_sums(tuple(a[at] for a in sp.logit_parts(h)), tuple(a[at] for a in sp.dP_parts(h)),
+                            np.ascontiguousarray(unm), np.ascontiguousarray(sp.fp.M[h, rows]), sp.scale_parts, U2,
+                            (_N / math.log(2), _C_HI, _C_LO), _Q_COEF)
+    if out is None or not out[:, 9].all():
+        return None
+    S = unm.shape[1]
+    full = ~unm.any(axis=-1)
+    Wd = np.where(full, LD(1), LD(out[:, 0]) + LD(out[:, 1]))
+    # Every weight's ey (the loop's, and the one _unnormalised finds for it, whose float64 y may
+    # differ by an ulp: 2**-52 of its ey at most) lies below the row's eymax.
+    eymax = up(out[:, 4] * (1 + 2.0 ** -40))
+    epsbar = np.where(full, 0.0, up(expm1_up(eymax) * (1 + _EXP_REL_ROWS) + _EXP_REL_ROWS))
+    pi = _pi(epsbar, up((U2 + 1.01 * _rowsums.sum2_gamma(2 * S)) * (1 + 2.0 ** -40)))
+    D = (LD(out[:, 2]) + LD(out[:, 3])) / Wd
+    grow = 1 + _G64 * S
+    sums = tuple(up(out[:, k] * grow) for k in (5, 6, 7, 8))
+    g_Q = up((1.01 * U2 + 2.02 * 2.0 ** -106 + 1.01 * _rowsums.sum2_gamma(5 * S)) * (1 + 2.0 ** -40))
+    return Wd, pi, D, _d_bound(D, Wd, pi, sums, g_Q, S * 2.0 ** -1060)
+
+
 def _weight_bounds(P: np.ndarray, pi: np.ndarray, unm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """P_f >= P~ and e_P >= |P~ - P| for weights P~ (longdouble) of rows with the bound pi."""
     P_f = _f(P)
@@ -339,14 +410,22 @@ def _unnormalised_row_sums(w: np.ndarray, Wd: np.ndarray, pi: np.ndarray, dP: np
     Q, levels = _pairwise_sum(w * dP)
     D = Q / Wd
     w_f = _f(w)  # >= w~
+    sums = (_sum_up(w_f * adP), _sum_up(w_f * e_dP), _sum_up(adP), _sum_up(e_dP))
+    return D, _d_bound(D, Wd, pi, sums, _gamma(levels + 1))
+
+
+def _d_bound(D: np.ndarray, Wd: np.ndarray, pi: np.ndarray, sums: tuple[np.ndarray, ...], g_Q: float,
+             absolute: float = 0.0) -> np.ndarray:
+    """e_D of :func:`_unnormalised_row_sums`, from upper bounds ``sums`` on the row sums of w_f |dP~|,
+    w_f e_dP, |dP~| and e_dP, and Q~'s error, g_Q sum_j w~_j |dP~_j| + ``absolute``."""
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         # A lower bound on W~ (1 - pi), two float64 roundings and the conversion paid for.
         den = np.asarray(Wd, dtype=np.float64) * (1 - pi) * (1 - 2.0 ** -50)
-        SA = up(_sum_up(w_f * adP) / den)  # >= sum_j P_j |dP~_j| and sum_j a_j |dP~_j|
-        SE = up(_sum_up(w_f * e_dP) / den)  # >= sum_j P_j e_dP_j
-        tiny = 2 * TINY * (_sum_up(adP) + _sum_up(e_dP))
-        e_D = up((_gamma(levels + 1) + pi) * SA + SE + tiny + 2 * U2 * _f(np.abs(D)))
-    return D, np.where(pi < 0.5, e_D, np.inf)
+        SA = up(sums[0] / den)  # >= sum_j P_j |dP~_j| and sum_j a_j |dP~_j|
+        SE = up(sums[1] / den)  # >= sum_j P_j e_dP_j
+        tiny = 2 * TINY * (sums[2] + sums[3])
+        e_D = up((g_Q + pi) * SA + SE + tiny + 2 * U2 * _f(np.abs(D)) + absolute / den)
+    return np.where(pi < 0.5, e_D, np.inf)
 
 
 class SecondPass:
@@ -362,6 +441,11 @@ class SecondPass:
             self.s = LD(1) / np.sqrt(LD(sc.root_of))
             self.e_s = 3 * U2 * abs(float(self.s)) * (1 + 2 ** -40)
         self.abs_s = float(_f(abs(self.s)))
+        # s as two float64s, exactly, for _rowsums' loop (None if it does not split so).
+        s_hi = float(self.s)
+        s_lo = float(self.s - LD(s_hi))
+        exact = LD(s_hi) + LD(s_lo) == self.s and math.isfinite(s_hi) and abs(s_hi) > 2.0 ** -900
+        self.scale_parts = (s_hi, s_lo, self.e_s, self.abs_s) if exact else None
         self._rows: dict[tuple[int, str], _Rows] = {}
 
     def logit_parts(self, h: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -402,7 +486,7 @@ class SecondPass:
             if which == "out":
                 X[sel], Xe[sel], Y[sel] = rows.P[rr], rows.e_P[rr], fp.Vh[h][:, c[sel]].T
             elif which == "value":
-                P, _, e_P = rows.weights(rr)
+                P, _, e_P = rows.weights(self, rr)
                 X[sel], Xe[sel], Y[sel] = P.T, e_P.T, self.G[h][:, c[sel]].T
             else:
                 if which == "query":
