@@ -115,3 +115,83 @@ def test_the_bounds_are_the_numpy_codes_where_t_cancels():
             np.zeros(rows), consts)
     for got, want in zip(loop_rows(*args), numpy_rows(*args)):
         assert same(got, want)
+
+
+def _logits(rows_obj, compiled, sl, *args) -> bool:
+    """rows_obj.logits(sl, *args) with the loop or without; whether the loop's values were kept."""
+    from exactref.ops.attention import _first
+    real = _first._Rows._compiled
+    kept = []
+
+    def loop(self, *a):
+        kept.append(real(self, *a) if compiled else False)
+        return kept[-1]
+    _first._Rows._compiled = loop
+    try:
+        rows_obj.logits(sl, *args)
+    finally:
+        _first._Rows._compiled = real
+    return kept == [True]
+
+
+def _logit_case(seed, rows=16, S=1100):
+    rng = np.random.default_rng(seed)
+    d_hi = rng.standard_normal((rows, S)) * np.exp2(rng.integers(-3, 6, (rows, S)))
+    d_lo = d_hi * 2.0 ** -60 * rng.standard_normal((rows, S))
+    d_rad = np.abs(d_hi) * 2.0 ** -100
+    unm = rng.random((rows, S)) < 0.8
+    unm[3] = False  # a fully masked row
+    unm[4] = True
+    d_hi[5, 7] = -0.0
+    d_hi[6, :] = 1.5  # every logit equal
+    d_hi[7, 3] = -5920.0  # a weight below float64's normal range (s = 0.125): exp's scaling in two steps
+    d_hi[8, 0] = 1e300  # a huge logit: its row's other weights underflow, and its bounds are element-wise
+    d_hi[1, 5] = np.nan  # (its row's bounds are infinite: the first block of 4 rows goes to the numpy code)
+    d_hi[11, 2] = np.inf  # (an infinite bound: its block goes to the numpy code)
+    unm[7, 3] = unm[8, 0] = unm[1, 5] = unm[11, 2] = True
+    return d_hi, d_lo, d_rad, unm
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("s", [0.125, 1 / np.sqrt(7.0), 3.0])
+def test_the_logits_loop_gives_the_numpy_codes_values(seed, s):
+    from exactref.ops.attention import _first
+    d_hi, d_lo, d_rad, unm = _logit_case(seed)
+    got, kept = {}, []
+    for compiled in (True, False):
+        rows = _first._Rows(*d_hi.shape)
+        with np.errstate(all="ignore"):
+            for start in range(0, d_hi.shape[0], 4):  # blocks of rows, as the first pass takes them
+                sl = slice(start, start + 4)
+                ran = _logits(rows, compiled, sl, d_hi[sl], d_lo[sl], d_rad[sl], unm[sl], None, s, s * 2.0 ** -53)
+                kept.append(ran)
+        got[compiled] = rows
+    assert sum(kept) >= 2  # the loop's values were kept for some blocks (others have rows it leaves)
+    for name in ("Z", "ez", "w", "M", "full", "epsbar", "logit_rowmax"):
+        a, b = getattr(got[True], name), getattr(got[False], name)
+        assert same(a, b) if a.dtype != bool else np.array_equal(a, b), name
+    assert got[True].loose.keys() == got[False].loose.keys()
+
+
+def test_the_logits_loop_runs_on_ordinary_rows_and_leaves_loose_ones_to_numpy():
+    from exactref.ops.attention import _first
+    calls = []
+    real = _loops.logit_rows
+
+    def counted(*a):
+        out = real(*a)
+        calls.append(out is not None)
+        return out
+    rng = np.random.default_rng(3)
+    d_hi = rng.standard_normal((8, 600))
+    zeros = np.zeros_like(d_hi)
+    unm = np.ones(d_hi.shape, dtype=bool)
+    rows = _first._Rows(*d_hi.shape)
+    _loops.logit_rows = counted
+    try:
+        rows.logits(slice(0, 8), d_hi, zeros, zeros, unm, None, 0.5, 2.0 ** -60)
+        assert rows.logit_rowmax[0] > 0 and calls == [True]
+        d_hi[2, 0] = 1e12  # a logit whose rounding alone is a sizeable part of a nat: element-wise bounds
+        assert rows._compiled(slice(0, 8), d_hi, zeros, zeros, unm, 0.5, 2.0 ** -60) is False
+    finally:
+        _loops.logit_rows = real

@@ -30,10 +30,12 @@ from collections.abc import Callable
 import mpmath
 import numpy as np
 
+from ... import _fused
 from ..._parallel import for_each, for_each_slice
 from ..._pool import empty
 from ...engine.fast import gamma, two_prod, two_sum, up
 from ...engine.products import matmul_sliced, rows_per_block
+from . import _loops
 from ._problem import Problem
 
 __all__ = ["FirstPass"]
@@ -114,6 +116,10 @@ def _exp_error_bound() -> float:
 
 
 EXP_BLOCK_REL = _exp_error_bound()
+# The compiled logits loop's constants (exactref/ops/attention/_loops.py): u, TINY, up()'s two, N / ln2 and
+# the parts of ln2 / N; and the Taylor coefficients as an array.
+_LOGIT_CONSTANTS = (U, TINY, *_fused._up_constants(), _N / math.log(2), _C_HI, _C_LO)
+_INV_FACT_ARRAY = np.array(_INV_FACT)
 
 
 _BLOCK = 1 << 15  # elements per block of exp_bounded: its temporaries stay in the cache
@@ -377,6 +383,8 @@ class _Rows:
                additive: np.ndarray | None, s: float, ds: float) -> None:
         """The logits Z with their bounds ez, the row maxima M and the unnormalised weights w of rows ``sl``."""
         S = self.S
+        if additive is None and self._compiled(sl, d_hi, d_lo, d_rad, unmasked, s, ds):
+            return
         d = d_hi + d_lo
         sD = s * d
         Z = sD if additive is None else sD + additive
@@ -409,6 +417,21 @@ class _Rows:
         if loose.size:
             self.loose[sl.start] = _loose_rows(loose, w, rel, ey, _row_eps(loose, ey, rel, unmasked), unmasked)
         self.logit_rowmax[sl] = np.max(np.where(unmasked, np.abs(Z) + ez, 0.0), axis=-1) if S else 0.0
+
+    def _compiled(self, sl: slice, d_hi: np.ndarray, d_lo: np.ndarray, d_rad: np.ndarray, unmasked: np.ndarray,
+                  s: float, ds: float) -> bool:
+        """:meth:`logits` by the compiled loop (exactref/ops/attention/_loops.py: the same values, bit for
+        bit); False, with nothing kept, where it does not apply or a row needs element-wise bounds."""
+        out = (self.Z[sl], self.ez[sl], self.w[sl])
+        got = _loops.logit_rows(d_hi, d_lo, d_rad, unmasked, s, ds, out, _LOGIT_CONSTANTS, _INV_FACT_ARRAY, _TABLE)
+        if got is None:
+            return False
+        M, full, eymax, rowmax = got
+        epsbar = np.where(full, 0.0, _eps(eymax, EXP_BLOCK_REL))
+        if np.any(~full & (eymax > 1)) or np.any(epsbar >= _LOOSE):
+            return False  # (rows for _row_eps or _loose_rows, which need every ey: the numpy code)
+        self.M[sl], self.full[sl], self.epsbar[sl], self.logit_rowmax[sl] = M, full, epsbar, rowmax
+        return True
 
     def weights(self, sl: slice, unmasked: np.ndarray, W: np.ndarray, W_err: np.ndarray) -> None:
         """P = w / W of rows ``sl`` with |P~ - P| <= pi P + TINY, an upper bound P_up and e_P >= |P~ - P|."""

@@ -1,4 +1,5 @@
-"""A compiled loop for the backward tolerance's shared bounds (_model._dS_bound_rows), by numba.
+"""Compiled loops for the first pass's logits (_first._Rows.logits) and the backward tolerance's shared
+bounds (_model._dS_bound_rows), by numba.
 
 Why: _dS_bound_rows makes dozens of numpy passes over each block of the (heads, rows, keys)
 arrays: dP and T with their bounds, the three row sums of D's error, and e_S and |dS| + e_dS.
@@ -18,6 +19,7 @@ on disk, and the helpers named as globals of this module.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +27,7 @@ import numpy as np
 
 from ... import _fused
 
-__all__ = ["ds_bound_rows"]
+__all__ = ["ds_bound_rows", "logit_rows"]
 
 _BLOCK_SUM: Any = None
 _PAIRWISE: Any = None
@@ -178,3 +180,90 @@ def ds_bound_rows(B: np.ndarray, dP_hi: np.ndarray, dP_lo: np.ndarray, dP_rad: n
         _loop()(B, dP_hi, dP_lo, dP_rad, D, e_D1, P_up, rho, unmasked, dS, e_dS, e_Db, tuple(map(float, c)),
                 bool(ds_rounded), *out, np.empty(n), np.empty(n), np.empty(n), _plan(n), np.empty(64))
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _logits_loop() -> Callable[..., None]:
+    @_fused._jit()
+    def loop(d_hi, d_lo, d_rad, unmasked, s, ds, c, inv_fact, table, Z, ez, w, M, full, eymax, rowmax):
+        # _first._Rows.logits for rows without an additive mask, its numpy operations in order, row by
+        # row: Z and ez, the row's maximum M, then Y = Z - M, ey, the weights by _first._exp_block
+        # and the row's largest ey and |Z| + ez.
+        U, TINY, up_rel, up_abs, inv_c, c_hi, c_lo = c
+        abs_s = abs(s)
+        rows, n = d_hi.shape
+        deg = inv_fact.shape[0] - 1
+        for i in range(rows):
+            m = -np.inf
+            nan = False
+            for j in range(n):
+                d = d_hi[i, j] + d_lo[i, j]
+                sD = s * d
+                e = U * (abs(d) + abs(sD)) * abs_s + abs_s * d_rad[i, j] + ds * (abs(d) + d_rad[i, j]) \
+                    + U * abs(sD)
+                e = (e * (1 + 4 * U) + TINY) * up_rel + up_abs
+                if unmasked[i, j]:
+                    Z[i, j] = sD
+                    ez[i, j] = e
+                    if sD != sD:
+                        nan = True
+                    elif sD > m:
+                        m = sD
+                else:
+                    Z[i, j] = -np.inf
+                    ez[i, j] = 0.0
+            # np.max: NaN wherever a value is.
+            m = np.nan if nan else m
+            f = m == -np.inf
+            m = 0.0 if f else m
+            M[i] = m
+            full[i] = f
+            big = -np.inf
+            top = -np.inf
+            for j in range(n):
+                live = unmasked[i, j]
+                y = Z[i, j] - m
+                ey = (ez[i, j] + U * (abs(y) if live else 0.0)) * up_rel + up_abs
+                # (np.max's NaN: once seen, kept.)
+                big = ey if ((ey > big) | (ey != ey)) and big == big else big
+                y = y if live else -np.inf
+                # _exp_block: y = max(y, -746) (NaN kept), k = rint(y N / ln2), the reduction, Horner.
+                y = y if (y >= -746.0) | (y != y) else -746.0
+                k = np.rint(y * inv_c)
+                r = (y - k * c_hi) - k * c_lo
+                p = inv_fact[deg]
+                for t in range(deg - 1, -1, -1):
+                    p = p * r + inv_fact[t]
+                ki = np.int64(k)
+                x = table[ki & 63] * p
+                e2 = ki >> 6
+                # x 2**m exact for m >= -1021, else rounded once (as _exp_block does).
+                if e2 >= -1021:
+                    v = x * math.ldexp(1.0, e2)
+                else:
+                    v = (x * math.ldexp(1.0, -1021)) * math.ldexp(1.0, e2 + 1021)
+                w[i, j] = v if live else 0.0
+                a = abs(Z[i, j]) + ez[i, j] if live else 0.0
+                top = a if ((a > top) | (a != a)) and top == top else top
+            eymax[i] = big if n else 0.0
+            rowmax[i] = top if n else 0.0
+
+    return loop
+
+
+def logit_rows(d_hi: np.ndarray, d_lo: np.ndarray, d_rad: np.ndarray, unmasked: np.ndarray, s: float, ds: float,
+               out: tuple[np.ndarray, ...], consts: tuple, inv_fact: np.ndarray, table: np.ndarray
+               ) -> tuple[np.ndarray, ...] | None:
+    """_first._Rows.logits's Z, ez and w (into ``out``'s views) and each row's M, full, largest ey and
+    largest |Z| + ez, by the loop; None where it does not apply (numba missing, a small block, arrays not
+    laid out as (rows, keys) C-contiguous float64)."""
+    if not (_fused._plain(d_hi, d_lo, d_rad, *out) and d_hi.ndim == 2
+            and _fused._laid_out(unmasked, d_hi.shape, np.bool_)):
+        return None
+    rows = d_hi.shape[0]
+    M, eymax, rowmax = np.empty(rows), np.empty(rows), np.empty(rows)
+    full = np.empty(rows, dtype=bool)
+    with np.errstate(all="ignore"):
+        _logits_loop()(d_hi, d_lo, d_rad, unmasked, float(s), float(ds), tuple(map(float, consts)), inv_fact,
+                       table, *out, M, full, eymax, rowmax)
+    return M, full, eymax, rowmax
