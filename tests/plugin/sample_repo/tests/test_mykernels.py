@@ -7,7 +7,7 @@ import exactref as er
 import strategies as sx
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(case=sx.matmul_inputs(dtypes=["float32"], max_side=2, allow_1d=False))
 def test_matmul_backward(case):
     t = case.to_torch()
