@@ -195,3 +195,49 @@ def test_the_logits_loop_runs_on_ordinary_rows_and_leaves_loose_ones_to_numpy():
         assert rows._compiled(slice(0, 8), d_hi, zeros, zeros, unm, 0.5, 2.0 ** -60) is False
     finally:
         _loops.logit_rows = real
+
+
+def _first_pass(q, k, v, loops: bool, **kw):
+    from exactref.ops.attention import _first
+    made = []
+    real = _first.FirstPass.__init__
+
+    def keep(self, *a):
+        real(self, *a)
+        made.append(self)
+    saved = _loops.logit_rows, _loops.weight_rows
+    if not loops:
+        _loops.logit_rows, _loops.weight_rows = (lambda *a, **k: None), (lambda *a, **k: False)
+    _first.FirstPass.__init__ = keep
+    try:
+        er.scaled_dot_product_attention(q, k, v, **kw)
+    finally:
+        _first.FirstPass.__init__ = real
+        _loops.logit_rows, _loops.weight_rows = saved
+    return made[0]
+
+
+@pytest.mark.parametrize("kind", ["plain", "mask", "causal", "huge", "wide"])
+def test_the_first_pass_is_the_same_with_the_loops_and_without(kind):
+    rng = np.random.default_rng(len(kind))
+    q, k, v = (rng.standard_normal((1, 2, 300, 16)).astype(np.float32) * 2 for _ in range(3))
+    kw = {"attn_mask": rng.random((300, 300)) < 0.7} if kind == "mask" else {"is_causal": kind == "causal"}
+    if kind == "huge":
+        q[0, 1, 7] *= 1e6  # a row whose bounds are element-wise: its block keeps the numpy code
+    if kind == "wide":
+        q[0, 0, 3] *= 300  # logits hundreds apart: weights that underflow to 0, P_up and e_P from TINY
+    calls = []
+    real = _loops.weight_rows
+
+    def counted(*a):
+        calls.append(real(*a))
+        return calls[-1]
+    _loops.weight_rows = counted
+    try:
+        fast = _first_pass(q, k, v, True, **kw)
+    finally:
+        _loops.weight_rows = real
+    slow = _first_pass(q, k, v, False, **kw)
+    assert calls and all(calls)
+    for name in ("Z", "ez", "P", "P_up", "e_P", "M", "pi", "logit_rowmax", "O_hi", "O_lo", "rad_O"):
+        assert same(getattr(fast, name), getattr(slow, name)), name

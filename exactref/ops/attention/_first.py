@@ -435,13 +435,18 @@ class _Rows:
 
     def weights(self, sl: slice, unmasked: np.ndarray, W: np.ndarray, W_err: np.ndarray) -> None:
         """P = w / W of rows ``sl`` with |P~ - P| <= pi P + TINY, an upper bound P_up and e_P >= |P~ - P|."""
-        P = self.w[sl] / np.where(self.full[sl], 1.0, W)[..., None]
+        Wd = np.where(self.full[sl], 1.0, W)
         epsbar = self.epsbar[sl]
         pi = ratio_error(epsbar, U, W_err)
         pi = np.where((epsbar < 0.5) & np.isfinite(pi), pi, np.inf)
-        P_up = np.where(unmasked, up((P + TINY) / (1 - pi[..., None])), 0.0)
-        self.P[sl], self.pi[sl], self.P_up[sl] = P, pi, P_up
-        self.e_P[sl] = np.where(unmasked, up(P_up * pi[..., None] + TINY), 0.0)  # |P~ - P|
+        self.pi[sl] = pi
+        # (By the compiled loop where it applies: the same values, bit for bit.)
+        if not _loops.weight_rows(self.w[sl], unmasked, Wd, pi, (self.P[sl], self.P_up[sl], self.e_P[sl]), TINY,
+                                  _fused._up_constants()):
+            P = self.w[sl] / Wd[..., None]
+            P_up = np.where(unmasked, up((P + TINY) / (1 - pi[..., None])), 0.0)
+            self.P[sl], self.P_up[sl] = P, P_up
+            self.e_P[sl] = np.where(unmasked, up(P_up * pi[..., None] + TINY), 0.0)  # |P~ - P|
         if sl.start in self.loose:
             rows, wup, err = self.loose[sl.start]
             at = sl.start + rows

@@ -1,5 +1,5 @@
-"""Compiled loops for the first pass's logits (_first._Rows.logits) and the backward tolerance's shared
-bounds (_model._dS_bound_rows), by numba.
+"""Compiled loops for the first pass's logits and weights (_first._Rows.logits and .weights) and the
+backward tolerance's shared bounds (_model._dS_bound_rows), by numba.
 
 Why: _dS_bound_rows makes dozens of numpy passes over each block of the (heads, rows, keys)
 arrays: dP and T with their bounds, the three row sums of D's error, and e_S and |dS| + e_dS.
@@ -27,7 +27,7 @@ import numpy as np
 
 from ... import _fused
 
-__all__ = ["ds_bound_rows", "logit_rows"]
+__all__ = ["ds_bound_rows", "logit_rows", "weight_rows"]
 
 _BLOCK_SUM: Any = None
 _PAIRWISE: Any = None
@@ -267,3 +267,39 @@ def logit_rows(d_hi: np.ndarray, d_lo: np.ndarray, d_rad: np.ndarray, unmasked: 
         _logits_loop()(d_hi, d_lo, d_rad, unmasked, float(s), float(ds), tuple(map(float, consts)), inv_fact,
                        table, *out, M, full, eymax, rowmax)
     return M, full, eymax, rowmax
+
+
+@functools.lru_cache(maxsize=1)
+def _weights_loop() -> Callable[..., None]:
+    @_fused._jit()
+    def loop(w, unmasked, Wd, pi, TINY, up_rel, up_abs, P, P_up, e_P):
+        # _first._Rows.weights's elementwise part, its numpy operations in order: P = w / W, the
+        # upper bound P_up = up((P + TINY) / (1 - pi)) and e_P = up(P_up pi + TINY), 0 where masked.
+        rows, n = w.shape
+        for i in range(rows):
+            d, p_i = Wd[i], pi[i]
+            q = 1 - p_i
+            for j in range(n):
+                x = w[i, j] / d
+                P[i, j] = x
+                if unmasked[i, j]:
+                    up_ = ((x + TINY) / q) * up_rel + up_abs
+                    P_up[i, j] = up_
+                    e_P[i, j] = (up_ * p_i + TINY) * up_rel + up_abs
+                else:
+                    P_up[i, j] = 0.0
+                    e_P[i, j] = 0.0
+
+    return loop
+
+
+def weight_rows(w: np.ndarray, unmasked: np.ndarray, Wd: np.ndarray, pi: np.ndarray, out: tuple[np.ndarray, ...],
+                TINY: float, up_constants: tuple[float, float]) -> bool:
+    """_first._Rows.weights's P, P_up and e_P into ``out``'s views, by the loop; False where it does not
+    apply (numba missing, a small block, arrays not laid out as (rows, keys) C-contiguous float64)."""
+    if not (_fused._plain(w, *out) and w.ndim == 2 and _fused._laid_out(unmasked, w.shape, np.bool_)
+            and all(_fused._laid_out(a, w.shape[:1], np.float64) for a in (Wd, pi))):
+        return False
+    with np.errstate(all="ignore"):
+        _weights_loop()(w, unmasked, Wd, pi, float(TINY), *map(float, up_constants), *out)
+    return True
