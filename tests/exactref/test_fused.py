@@ -456,10 +456,15 @@ from exactref.engine import decision
 from exactref.formats import FORMATS
 for name in ("float64", "float32", "bfloat16"):
     decision.refine(rng.standard_normal((8, 1024)), FORMATS[name])
-# Attention's backward tolerance (exactref/ops/attention/_loops.py), half and not.
+# Attention's first pass and backward tolerance (exactref/ops/attention/_loops.py), half and not.
 for dtype in (np.float32, np.float16):
     q, k, v, g = (rng.standard_normal((1, 1, 128, 32)).astype(dtype) for _ in range(4))
     er.scaled_dot_product_attention(q, k, v).backward(g)
+# The longdouble pass's row sums (exactref/ops/attention/_rowsums.py).
+from exactref.ops.attention import _rowsums, _second
+z = np.zeros((4, 40))
+assert _rowsums.row_sums((z, z, z), (z, z, z), np.ones((4, 40), bool), np.zeros(4), (0.125, 0.0, 0.0, 0.125),
+                         _second.U2, (_second._N / np.log(2), _second._C_HI, _second._C_LO), _second._Q_COEF) is not None
 """
 
 
@@ -475,4 +480,6 @@ def test_a_later_process_loads_every_loop_from_numbas_disk_cache(tmp_path) -> No
     first = run()
     names = {p.rsplit("-", 1)[0] for p in first if p.endswith(".nbi")}
     assert len(names) >= 10, names  # (the loops ran, and were cached)
+    for loop in ("_loops._logits_loop.locals.loop", "_loops._weights_loop.locals.loop", "_rowsums._loop.locals.rows"):
+        assert any(n.endswith(loop) for n in names), (loop, names)
     assert run() == first
