@@ -16,6 +16,9 @@ platforms), the pass is skipped.
 
 It reuses the first pass's error-free products: the logits' dot products and
 dP = dO V^T come as ``hi + lo +- rad`` with rad about 2**-100 relative.
+With numba, the whole rows that grad_key and grad_value need (each row's sum of
+weights and D) come from a compiled double-double loop instead (_rowsums), and
+only the keys asked for are weighed here.
 """
 
 from __future__ import annotations
