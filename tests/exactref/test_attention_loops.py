@@ -241,3 +241,79 @@ def test_the_first_pass_is_the_same_with_the_loops_and_without(kind):
     assert calls and all(calls)
     for name in ("Z", "ez", "P", "P_up", "e_P", "M", "pi", "logit_rowmax", "O_hi", "O_lo", "rad_O"):
         assert same(getattr(fast, name), getattr(slow, name)), name
+
+
+@pytest.mark.parametrize("kind", ["plain", "mask", "wide", "float64"])
+def test_the_backwards_ds_is_the_same_with_the_loop_and_without(kind):
+    # (float64 inputs: dP = dO V^T has a nonzero lo part, which float32 products of 16 terms lack.)
+    from exactref.ops.attention import _first
+    rng = np.random.default_rng(len(kind) + 7)
+    dtype = np.float64 if kind == "float64" else np.float32
+    q, k, v, g = (rng.standard_normal((1, 2, 300, 16)).astype(dtype) * 2 for _ in range(4))
+    kw = {"attn_mask": rng.random((300, 300)) < 0.7} if kind == "mask" else {}
+    if kind == "wide":
+        q[0, 0, 3] *= 300
+    got, calls = {}, []
+    real_init, real_loop = _first.FirstPass.__init__, _loops.ds_rows
+
+    def keep(self, *a):
+        real_init(self, *a)
+        got[loop] = self
+
+    def counted(*a):
+        calls.append(real_loop(*a))
+        return calls[-1]
+    for loop in (True, False):
+        _first.FirstPass.__init__ = keep
+        _loops.ds_rows = counted if loop else (lambda *a, **k: False)
+        try:
+            er.scaled_dot_product_attention(q, k, v, **kw).backward(g)
+        finally:
+            _first.FirstPass.__init__, _loops.ds_rows = real_init, real_loop
+    assert calls and all(calls)
+    for name in ("dS", "e_dS", "D", "e_D"):
+        assert same(getattr(got[True], name), getattr(got[False], name)), name
+
+
+@pytest.mark.parametrize("kind", ["plain", "mask", "causal", "wide", "large", "huge", "float16"])
+def test_the_weight_bounds_are_the_same_with_the_loop_and_without(kind):
+    # Every algorithm's forward and backward models, each computing delta and h or reusing them.
+    from exactref.ops.attention import _model
+    rng = np.random.default_rng(len(kind) + 3)
+    dtype = np.float16 if kind == "float16" else np.float32
+    q, k, v = (rng.standard_normal((1, 2, 300, 16)).astype(dtype) * 2 for _ in range(3))
+    kw = {"attn_mask": rng.random((300, 300)) < 0.7} if kind == "mask" else {"is_causal": kind == "causal"}
+    if kind == "wide":
+        q[0, 0, 3] *= 300
+    if kind == "huge":
+        q[0, 1, 7] *= 1e6
+    if kind == "large":
+        # Logits near 10**5 and 4 10**5: delta below 1, but delta + r (16-key blocks) past it, with h
+        # below 1/2 (rows 21 and 22) and above it (row 3).  Their blocks go to the numpy code; the
+        # first pass's bounds stay row-wise.
+        q[0, 0, 3] *= 2.5e4
+        q[0, 0, 21] *= 1.4e4
+        q[0, 0, 22] *= 1.6e4
+        q[0, 1, 9] *= 1e5
+    fp = _first_pass(q, k, v, True, **kw)
+    calls = []
+    real = _model.rho_rows
+
+    def counted(*a):
+        calls.append(real(*a))
+        return calls[-1]
+    for algorithm in er.AttentionAlgorithm:
+        got = {}
+        for loop in (True, False):
+            fp.weights_cache.clear()
+            _model.rho_rows = counted if loop else (lambda *a, **k: False)
+            try:
+                models = (algorithm.tolerance, algorithm.backward_tolerance)
+                got[loop] = [_model._Weights(fp, m, fp.pb.fmt) for m in models]
+            finally:
+                _model.rho_rows = real
+        for a, b in zip(*got.values()):
+            for name in ("delta", "h", "r", "rho"):
+                assert same(getattr(a, name), getattr(b, name)), (algorithm, name)
+    assert any(calls)
+    assert all(calls) == (kind not in ("huge", "large"))  # their blocks go to the numpy code

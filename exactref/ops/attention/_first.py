@@ -353,6 +353,24 @@ def t_rows(dP_hi, dP_lo, dP_rad, D, e_D):
         return T, up(dP_rad + e_D[..., None] + U * np.abs(T) * 2 + U * np.abs(dP_lo) + TINY)
 
 
+def _ds_all(H: int, L: int, *arrays: np.ndarray) -> list[np.ndarray]:
+    """:func:`_ds_rows` of every row, (H, L, S): by the compiled loop (exactref/ops/attention/_loops.py,
+    the same values bit for bit) a block of rows at a time where it applies, else by the numpy code."""
+    dP_hi = arrays[0]
+    if not _fused.usable(dP_hi.size):
+        return by_rows(_ds_rows, H, L, *arrays)
+    n, S = H * L, dP_hi.shape[-1]
+    flat = [a.reshape((n,) + a.shape[2:]) for a in arrays]
+    outs = [empty((n, S), np.float64), empty((n, S), np.float64)]
+
+    def block(sl: slice) -> None:
+        views = (outs[0][sl], outs[1][sl])
+        if not _loops.ds_rows(*(f[sl] for f in flat), views, U, TINY, _fused._up_constants()):
+            views[0][...], views[1][...] = _ds_rows(*(f[sl] for f in flat))
+    for_each_slice(block, n, max(1, _BLOCK // max(S, 1)))
+    return [o.reshape(H, L, S) for o in outs]
+
+
 def _ds_rows(dP_hi, dP_lo, dP_rad, D, e_D, P, e_P, unmasked):
     """dS = P T and e_dS of some rows (see FirstPass.backward)."""
     T, e_T = t_rows(dP_hi, dP_lo, dP_rad, D, e_D)
@@ -596,8 +614,7 @@ class FirstPass:
             e_D = up(D_err + np.einsum("hlc,hlc->hl", self.absG, self.rad_O) * (1 + g(Ev + 1)) + TINY)
             # dP, T and their bounds are not kept whole: dp_rows and t_rows make them again from
             # dP_parts where needed (four fewer arrays of the logits' size).
-            self.dS, self.e_dS = by_rows(_ds_rows, pb.H, pb.L, dP_hi, dP_lo, dP_rad, D, e_D, self.P, self.e_P,
-                                         unmasked)
+            self.dS, self.e_dS = _ds_all(pb.H, pb.L, dP_hi, dP_lo, dP_rad, D, e_D, self.P, self.e_P, unmasked)
         self.D, self.e_D = D, e_D
         self.G = G
         self.bwd_cache: dict = {}  # the tolerance model's bounds for this G, shared by the three gradients

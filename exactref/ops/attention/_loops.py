@@ -1,5 +1,6 @@
-"""Compiled loops for the first pass's logits and weights (_first._Rows.logits and .weights) and the
-backward tolerance's shared bounds (_model._dS_bound_rows), by numba.
+"""Compiled loops for the first pass's logits, weights and dS (_first._Rows.logits and .weights,
+_first._ds_rows), the tolerance models' weight bounds (_model._Weights) and the backward
+tolerance's shared bounds (_model._dS_bound_rows), by numba.
 
 Why: _dS_bound_rows makes dozens of numpy passes over each block of the (heads, rows, keys)
 arrays: dP and T with their bounds, the three row sums of D's error, and e_S and |dS| + e_dS.
@@ -27,7 +28,7 @@ import numpy as np
 
 from ... import _fused
 
-__all__ = ["ds_bound_rows", "logit_rows", "weight_rows"]
+__all__ = ["ds_bound_rows", "ds_rows", "logit_rows", "rho_rows", "weight_rows"]
 
 _BLOCK_SUM: Any = None
 _PAIRWISE: Any = None
@@ -303,3 +304,114 @@ def weight_rows(w: np.ndarray, unmasked: np.ndarray, Wd: np.ndarray, pi: np.ndar
     with np.errstate(all="ignore"):
         _weights_loop()(w, unmasked, Wd, pi, float(TINY), *map(float, up_constants), *out)
     return True
+
+
+@functools.lru_cache(maxsize=1)
+def _ds_loop() -> Callable[..., None]:
+    @_fused._jit()
+    def loop(dP_hi, dP_lo, dP_rad, D, e_D, P, e_P, unmasked, U, TINY, up_rel, up_abs, dS, e_dS):
+        # _first._ds_rows, its numpy operations in order: T = dP - D in double-double (two_sum) and
+        # its bound e_T (_first.t_rows), dS = P T and e_dS, 0 where masked.
+        rows, n = dP_hi.shape
+        for i in range(rows):
+            b = -D[i]
+            e_Di = e_D[i]
+            for j in range(n):
+                hi = dP_hi[i, j]
+                lo = dP_lo[i, j]
+                s = hi + b
+                bb = s - hi
+                err = (hi - (s - bb)) + (b - bb)
+                T = s + (err + lo)
+                e_T = ((((dP_rad[i, j] + e_Di) + U * abs(T) * 2) + U * abs(lo)) + TINY) * up_rel + up_abs
+                if unmasked[i, j]:
+                    x = P[i, j] * T
+                    dS[i, j] = x
+                    e_dS[i, j] = ((e_P[i, j] * (abs(T) + e_T) + P[i, j] * e_T) + U * abs(x)) * up_rel + up_abs
+                else:
+                    dS[i, j] = 0.0
+                    e_dS[i, j] = 0.0
+
+    return loop
+
+
+def ds_rows(dP_hi: np.ndarray, dP_lo: np.ndarray, dP_rad: np.ndarray, D: np.ndarray, e_D: np.ndarray, P: np.ndarray,
+            e_P: np.ndarray, unmasked: np.ndarray, out: tuple[np.ndarray, np.ndarray], U: float, TINY: float,
+            up_constants: tuple[float, float]) -> bool:
+    """_first._ds_rows's dS and e_dS into ``out``'s views, by the loop; False where it does not apply
+    (numba missing, a small block, arrays not laid out as (rows, keys) C-contiguous float64)."""
+    if not (_fused._plain(dP_hi, dP_lo, dP_rad, P, e_P, *out) and dP_hi.ndim == 2
+            and _fused._laid_out(unmasked, dP_hi.shape, np.bool_)
+            and all(_fused._laid_out(a, dP_hi.shape[:1], np.float64) for a in (D, e_D))):
+        return False
+    with np.errstate(all="ignore"):
+        _ds_loop()(dP_hi, dP_lo, dP_rad, D, e_D, P, e_P, unmasked, float(U), float(TINY), *map(float, up_constants),
+                   *out)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _rho_loop() -> Callable[..., None]:
+    _pairwise()  # (the helper the loop calls: see _fused._BITS)
+
+    @_fused._jit()
+    def loop(unmasked, Z, ez, A, P_up, M, l1q, l1k, rowmax, make, c, delta, h, r, rho, t, plan, stack, ok):
+        # _model._Weights's _logit_block (where ``make``) and _weight_block, their numpy operations in
+        # order, for rows without an additive mask or pre-scaled operands; expm1_up by its formula for
+        # arguments up to 1 (a row with a larger one, or NaN, is marked in ``ok`` for the numpy code).
+        (u, eta, g_logit, sigma, s, E, log_term, nb, kk, F, up_rel, up_abs) = c
+        rows, n = Z.shape
+        two_u = 2 * u
+        lq = 2 * sigma * (1 + u)
+        for i in range(rows):
+            good = True
+            if make:
+                ezmax = -np.inf
+                for j in range(n):
+                    e = ez[i, j]
+                    ezmax = e if ((e > ezmax) | (e != e)) and ezmax == ezmax else ezmax
+                m = M[i]
+                M_up = abs(m) + ezmax
+                for j in range(n):
+                    live = unmasked[i, j]
+                    z = Z[i, j]
+                    e = ez[i, j]
+                    x_up = (abs(z) if live else 0.0) + e
+                    shift = abs(z - m if live else 0.0) + e + ezmax
+                    d = (g_logit * A[i, j] + two_u * (x_up + 0.0) + two_u * (M_up + shift + log_term + 1)
+                         + eta * (lq * (l1q[i] + l1k[i, j]) + 4 * E) * (1 + s))
+                    d = (d if live else 0.0) * up_rel + up_abs
+                    delta[i, j] = d
+                    good = good and d <= 1.0
+                    t[j] = P_up[i, j] * ((d + d * d) * up_rel + up_abs)
+                h[i] = _PAIRWISE(t, plan, stack)
+            ri = (nb - 1) * (2 * (kk + 2) * u + 4 * u * rowmax[i]) if nb > 1 else 0.0
+            r[i] = ri
+            hi = h[i]
+            for j in range(n):
+                a = delta[i, j] + ri
+                good = good and a <= 1.0
+                x = ((1 + ((a + a * a) * up_rel + up_abs)) * F / (1 - hi) - 1) * up_rel + up_abs
+                x = x if (hi < 0.5) & (abs(x) < np.inf) else np.inf
+                rho[i, j] = x if unmasked[i, j] else 0.0
+            ok[i] = good
+
+    return loop
+
+
+def rho_rows(unmasked: np.ndarray, Z: np.ndarray, ez: np.ndarray, A: np.ndarray, P_up: np.ndarray, M: np.ndarray,
+             l1q: np.ndarray, l1k: np.ndarray, rowmax: np.ndarray, make: bool, consts: tuple,
+             out: tuple[np.ndarray, ...]) -> bool:
+    """_model._Weights's delta and h (where ``make``), r and rho of some rows into ``out``'s views (delta,
+    h, r, rho), by the loop; False where it does not apply or a row needs the numpy code."""
+    if not (_fused._plain(Z, ez, A, P_up, out[0], out[3]) and Z.ndim == 2 and Z.shape[1] > 0
+            and _fused._laid_out(unmasked, Z.shape, np.bool_)
+            and all(_fused._laid_out(a, Z.shape[:1], np.float64) for a in (M, l1q, rowmax, out[1], out[2]))
+            and _fused._laid_out(l1k, Z.shape, np.float64)):
+        return False
+    n = Z.shape[1]
+    ok = np.empty(Z.shape[0], dtype=bool)
+    with np.errstate(all="ignore"):
+        _rho_loop()(unmasked, Z, ez, A, P_up, M, l1q, l1k, rowmax, bool(make), tuple(map(float, consts)), *out,
+                    np.empty(n), _plan(n), np.empty(64), ok)
+    return bool(ok.all())

@@ -77,7 +77,7 @@ from ._first import (
     matmul_up,
     t_rows,
 )
-from ._loops import ds_bound_rows
+from ._loops import ds_bound_rows, rho_rows
 
 __all__ = ["AttentionTolerance", "backward_tolerance", "forward_tolerance"]
 
@@ -200,8 +200,16 @@ class _Weights:
         step = max(1, _BLOCK // max(S, 1))
         M, rowmax = fp.M.reshape(n), fp.logit_rowmax.reshape(n)
 
+        # The compiled loop's constants (exactref/ops/attention/_loops.py: the same values, bit for bit).
+        loop_consts = (u, self.eta, *logit_coefs[:4], 2 * math.log(max(S, 1)), nb, k, self.F, _UP_REL, _UP_ABS)
+
         def block(sl: slice) -> None:
             f = {name: x[sl] for name, x in flat.items()}
+            out = (self.delta[sl], self.h[sl], self.r[sl], self.rho[sl])
+            if add is None and not self.prescaled and rho_rows(
+                    f["unmasked"], f["Z"], f["ez"], f["A"], f["P_up"], M[sl], l1q[sl], l1k[heads[sl]], rowmax[sl],
+                    shared is None, loop_consts, out):
+                return
             if shared is None:
                 self._logit_block(sl, f, None if add is None else add[sl], M[sl], l1q[sl], l1k[heads[sl]],
                                   logit_coefs)
