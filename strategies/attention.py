@@ -39,6 +39,13 @@ _SCALES = (1.0, 0.5, 0.125)
 
 
 @functools.lru_cache(maxsize=1024)
+def _mask_shape(draw: st.DrawFn, attn_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts to ``attn_shape``, (..., L, S), with at least its two last dims: PyTorch
+    rejects a mask of fewer ("Dimension specified as -2 but tensor has no dimensions")."""
+    shape = draw_broadcastable_to(draw, attn_shape)
+    return (1,) * max(0, 2 - len(shape)) + shape
+
+
 def _mask_strategy(kind: str, fmt: Any, shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
     if kind == "bool":
         # Shrink toward True: a mask that lets everything through is the simple one.
@@ -78,7 +85,7 @@ def _attention(draw: st.DrawFn, o: Options, batches: st.SearchStrategy[Any], mas
     out_batch = batch.result_shape + heads
     attn_shape = out_batch + (L, S)
     mask_kind = draw(choice((None, *masks)))
-    mask = draw(_mask_strategy(mask_kind, fmt, draw_broadcastable_to(draw, attn_shape))) if mask_kind else None
+    mask = draw(_mask_strategy(mask_kind, fmt, _mask_shape(draw, attn_shape))) if mask_kind else None
     is_causal = mask is None and causal and draw(coin())
     factor = draw(_scales()) if scale else None
     # Hard cases are drawn last, so that the shrinker can drop them cleanly.
@@ -151,7 +158,8 @@ def scaled_dot_product_attention_inputs(
     most 4).
 
     - ``masks``: True, False or a collection of :data:`MASK_KINDS`; a mask
-      broadcasts to ``(..., Hq, L, S)``.  A float mask holds -inf entries.
+      broadcasts to ``(..., Hq, L, S)`` and has at least two dims (PyTorch
+      rejects fewer).  A float mask holds -inf entries.
     - ``causal``: is_causal may be True (never together with a mask).
     - ``gqa``: enable_gqa may be True, with Hq a multiple of H.
     - ``scale``: scale may be a float (None is the shrink target).

@@ -34,6 +34,7 @@ def test_shapes_masks_and_options_are_consistent_and_all_appear():
         mask = case.attn_mask
         if mask is not None:
             assert np.broadcast_shapes(mask.shape, scores) == scores
+            assert mask.ndim >= 2, "PyTorch refuses a mask of fewer dims"
             seen.add("bool mask" if mask.dtype == np.bool_ else "float mask")
             if mask.dtype != np.bool_ and np.isneginf(mask.astype(np.float64)).any():
                 seen.add("-inf in a float mask")
