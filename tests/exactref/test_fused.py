@@ -480,6 +480,7 @@ def test_a_later_process_loads_every_loop_from_numbas_disk_cache(tmp_path) -> No
     first = run()
     names = {p.rsplit("-", 1)[0] for p in first if p.endswith(".nbi")}
     assert len(names) >= 10, names  # (the loops ran, and were cached)
-    for loop in ("_loops._logits_loop.locals.loop", "_loops._weights_loop.locals.loop", "_rowsums._loop.locals.rows"):
+    for loop in ("_logits_loop.locals.loop", "_weights_loop.locals.loop", "_ds_loop.locals.loop", "_rho_loop.locals.loop",
+                 "_rowsums._loop.locals.rows"):
         assert any(n.endswith(loop) for n in names), (loop, names)
     assert run() == first
