@@ -47,6 +47,17 @@ with mpmath.workprec(256):
     _T_LO = np.array([float(t - mpmath.mpf(float(t))) for t in _T])  # |T - T_HI - T_LO| <= u**2 T
 
 
+# The loop takes LANES keys at a time, each lane with sums of its own (added together at the end of
+# the row), so that the compiler vectorises it: no branch, masked keys and the tail selected away.
+LANES = 16
+_POW2_MIN = -900  # the scalings 2**m the loop reads from a table (m >= Y_LOW / ln2 - 1 > -900)
+_POW2 = np.ldexp(1.0, np.arange(_POW2_MIN, 4))
+# The compiled helpers the loop calls, set when it is first built (named as globals: see _fused._BITS).
+_TWO_SUM: Any = None
+_SPLIT: Any = None
+_TWO_PROD: Any = None
+
+
 def exp_rel(c_lo: float, c_tail: float, q_err: Callable[[float], float]) -> float:
     """The relative error bound of the loop's exp, for y in [Y_LOW, Y_HIGH], the reduction's constants
     being _second's (ln2/N = c_hi + c_lo + t, |t| <= c_tail / 2) and ``q_err(r_max)`` the error
@@ -54,8 +65,10 @@ def exp_rel(c_lo: float, c_tail: float, q_err: Callable[[float], float]) -> floa
 
     The reduction r = y~ - k ln2/N: k c_hi is exact (|k| < 2**18, c_hi has 31 bits), two_sum is
     exact, and three float64 roundings remain, each at most u of a value below |k c_lo| + 2**-30;
-    the tail costs |k| c_tail.  s = r + q and T (1 + s) in double-double err by at most 20 u**2
-    of the result (below); the table by u**2; the scaling by 2**m is exact.
+    the tail costs |k| c_tail.  s = r + q and T (1 + s) in double-double, with the table's own
+    error, come to at most 14.3 u**2 of the result (counted as 21).  The scaling by 2**m is exact
+    but for a low part that falls below float64's normal range: 2**-1075 at most, against a weight
+    of at least 2**-866 (the 2**-200).
     """
     k_max = -Y_LOW * _N / math.log(2) + 1
     r_max = math.log(2) / (2 * _N) * (1 + 2.0 ** -40) + -Y_LOW * 2.0 ** -48
@@ -77,17 +90,39 @@ def sum2_gamma(terms: int) -> float:
     return float(up(2.01 * up(nu / (1 - nu)) ** 2)) if nu < 0.5 else math.inf
 
 
-_ROWS: Any = None
-# The loop takes LANES keys at a time, each lane with sums of its own (added together at the end of
-# the row), so that the compiler vectorises it: no branch, masked keys and the tail selected away.
-LANES = 16
-_POW2_MIN = -900  # the scalings 2**m the loop reads from a table (m >= Y_LOW / ln2 - 1 > -900)
-_POW2 = np.ldexp(1.0, np.arange(_POW2_MIN, 4))
+@functools.lru_cache(maxsize=1)
+def _helpers() -> None:
+    """two_sum (Knuth), Dekker's split and his product of a split a and b: exact, in IEEE float64."""
+    global _TWO_SUM, _SPLIT, _TWO_PROD
+
+    @_fused._jit()
+    def two_sum(a, b):
+        s = a + b
+        bb = s - a
+        return s, (a - (s - bb)) + (b - bb)
+
+    @_fused._jit()
+    def split(a):
+        t = 134217729.0 * a
+        hi = t - (t - a)
+        return hi, a - hi
+
+    @_fused._jit()
+    def two_prod(a, ah, al, b):
+        # a b = p + e exactly, for a = ah + al split; b split here.  (No overflow: |a|, |b| < 2**900.)
+        p = a * b
+        t = 134217729.0 * b
+        bh = t - (t - b)
+        bl = b - bh
+        return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+    _TWO_SUM, _SPLIT, _TWO_PROD = two_sum, split, two_prod
 
 
 @functools.lru_cache(maxsize=1)
 def _loop() -> Callable[..., None]:
     lanes = LANES
+    _helpers()
     # The rows of the loop's scratch array: each lane's inputs, intermediate values and sums.
     DH, DL, DR, PH, PL, PR, LV, S1, S2, KF, ADP, EDP, TH, TL, SC = range(15)
     W0, W1, Q0, Q1, EY, SA, SE, SP, SR, BAD = range(15, 25)
@@ -96,11 +131,8 @@ def _loop() -> Callable[..., None]:
     def rows(d_hi, d_lo, d_rad, p_hi, p_lo, p_rad, unm, M, c, q_coef, T_hi, T_lo, pow2, out):
         # out[i] = (W hi, W lo, Q hi, Q lo, ey max, sum w_f |dP|, sum w_f e_dP, sum |dP|, sum e_dP, ok)
         (s_hi, s_lo, es, abs_s, U2, up_rel, up_abs, inv_c, c_hi, c_lo, y_low, y_high) = c
-        split = 134217729.0
         magic = 6755399441055744.0  # 1.5 * 2**52: x + magic - magic is rint(x) for |x| < 2**51
-        t = split * s_hi
-        sh = t - (t - s_hi)  # s_hi's Dekker halves, once
-        sl = s_hi - sh
+        sh, sl = _SPLIT(s_hi)  # (once)
         q0, q1, q2, q3, q4 = q_coef[0], q_coef[1], q_coef[2], q_coef[3], q_coef[4]
         n, S = d_hi.shape
         # One scratch array for every lane's values: rows of it, at constant offsets, are what the
@@ -137,21 +169,13 @@ def _loop() -> Callable[..., None]:
                     dr = B[DR, ln]
                     ad = (((abs(dh) + abs(dl)) + dr) * (1 + 2.0 ** -50)) * up_rel + up_abs
                     # x = s d: s_hi dh exactly (Dekker), then the rest in float64.
-                    p = s_hi * dh
-                    t = split * dh
-                    bh = t - (t - dh)
-                    bl = dh - bh
-                    e = ((sh * bh - p) + sh * bl + sl * bh) + sl * bl
+                    p, e = _TWO_PROD(s_hi, sh, sl, dh)
                     t1 = s_hi * dl + s_lo * dh
                     e2 = e + t1
                     # y = x - M: two_sum(p, -M) exactly, e2 into its error term, then renormalised.
-                    a = p - m_i
-                    bb = a - p
-                    y2 = (p - (a - bb)) + (-m_i - bb)
+                    a, y2 = _TWO_SUM(p, -m_i)
                     y2 = y2 + e2
-                    y_hi = a + y2
-                    bb = y_hi - a
-                    y_lo = (a - (y_hi - bb)) + (y2 - bb)
+                    y_hi, y_lo = _TWO_SUM(a, y2)
                     # The pass's bound on |y~ - y| (_second._unnormalised), and the loop's own
                     # roundings, dropped s_lo dl and underflows (docs/attention.md).
                     ex = es * ad + abs_s * (dr + U2 * ad) + U2 * abs_s * ad * (1 + 2.0 ** -50)
@@ -165,20 +189,13 @@ def _loop() -> Callable[..., None]:
                     yh = y_hi if fine else 0.0
                     yl = y_lo if fine else 0.0
                     kf = (yh * inv_c + magic) - magic
-                    h = kf * c_hi
-                    r1 = yh - h
-                    bb = r1 - yh
-                    re = (yh - (r1 - bb)) + (-h - bb)
+                    r1, re = _TWO_SUM(yh, -(kf * c_hi))
                     r2 = (re + yl) - kf * c_lo
-                    r_hi = r1 + r2
-                    bb = r_hi - r1
-                    r_lo = (r1 - (r_hi - bb)) + (r2 - bb)
+                    r_hi, r_lo = _TWO_SUM(r1, r2)
                     # q(r) = e**r - 1 - r in float64 from r_hi, as the pass does; s = r + q.
                     q = (((q4 * r_hi + q3) * r_hi + q2) * r_hi + q1) * r_hi + q0
-                    qq = q * r_hi * r_hi
-                    s1 = r_hi + qq
-                    bb = s1 - r_hi
-                    B[S2, ln] = ((r_hi - (s1 - bb)) + (qq - bb)) + r_lo
+                    s1, s2 = _TWO_SUM(r_hi, q * r_hi * r_hi)
+                    B[S2, ln] = s2 + r_lo
                     B[S1, ln] = s1
                     B[KF, ln] = kf
                     B[ADP, ln] = adP
@@ -198,73 +215,31 @@ def _loop() -> Callable[..., None]:
                     th = B[TH, ln]
                     tl = B[TL, ln]
                     s1 = B[S1, ln]
-                    p = th * s1
-                    t = split * th
-                    ah = t - (t - th)
-                    al = th - ah
-                    t = split * s1
-                    bh = t - (t - s1)
-                    bl = s1 - bh
-                    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-                    v1 = th + p
-                    bb = v1 - th
-                    ve = (th - (v1 - bb)) + (p - bb)
+                    ah, al = _SPLIT(th)
+                    p, e = _TWO_PROD(th, ah, al, s1)
+                    v1, ve = _TWO_SUM(th, p)
                     rest = ((ve + e) + tl) + (th * B[S2, ln] + tl * s1)
-                    w_hi = v1 + rest
-                    bb = w_hi - v1
-                    w_lo = (v1 - (w_hi - bb)) + (rest - bb)
+                    w_hi, w_lo = _TWO_SUM(v1, rest)
                     w_hi = w_hi * B[SC, ln]
                     w_lo = w_lo * B[SC, ln]
                     # W += w (Sum2: the running sum and its errors' sum), lane by lane.
-                    Ws = B[W0, ln]
-                    a = Ws + w_hi
-                    bb = a - Ws
-                    cW = (Ws - (a - bb)) + (w_hi - bb)
-                    Ws = a
-                    a = Ws + w_lo
-                    bb = a - Ws
-                    cW = cW + ((Ws - (a - bb)) + (w_lo - bb))
-                    B[W0, ln] = a
-                    B[W1, ln] += cW
+                    Ws, c1 = _TWO_SUM(B[W0, ln], w_hi)
+                    Ws, c2 = _TWO_SUM(Ws, w_lo)
+                    B[W0, ln] = Ws
+                    B[W1, ln] += c1 + c2
                     # Q += w dP: w_hi ph and w_hi pl exactly (Dekker), w_lo (ph + pl) rounded.
                     ph = B[PH, ln]
                     pl = B[PL, ln]
-                    t = split * w_hi
-                    ah = t - (t - w_hi)
-                    al = w_hi - ah
-                    Qs = B[Q0, ln]
-                    p = w_hi * ph
-                    t = split * ph
-                    bh = t - (t - ph)
-                    bl = ph - bh
-                    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-                    a = Qs + p
-                    bb = a - Qs
-                    cQ = (Qs - (a - bb)) + (p - bb)
-                    Qs = a
-                    a = Qs + e
-                    bb = a - Qs
-                    cQ = cQ + ((Qs - (a - bb)) + (e - bb))
-                    Qs = a
-                    p = w_hi * pl
-                    t = split * pl
-                    bh = t - (t - pl)
-                    bl = pl - bh
-                    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-                    a = Qs + p
-                    bb = a - Qs
-                    cQ = cQ + ((Qs - (a - bb)) + (p - bb))
-                    Qs = a
-                    a = Qs + e
-                    bb = a - Qs
-                    cQ = cQ + ((Qs - (a - bb)) + (e - bb))
-                    Qs = a
-                    p = w_lo * (ph + pl)
-                    a = Qs + p
-                    bb = a - Qs
-                    cQ = cQ + ((Qs - (a - bb)) + (p - bb))
-                    B[Q0, ln] = a
-                    B[Q1, ln] += cQ
+                    ah, al = _SPLIT(w_hi)
+                    p1, e1 = _TWO_PROD(w_hi, ah, al, ph)
+                    p2, e2 = _TWO_PROD(w_hi, ah, al, pl)
+                    Qs, c1 = _TWO_SUM(B[Q0, ln], p1)
+                    Qs, c2 = _TWO_SUM(Qs, e1)
+                    Qs, c3 = _TWO_SUM(Qs, p2)
+                    Qs, c4 = _TWO_SUM(Qs, e2)
+                    Qs, c5 = _TWO_SUM(Qs, w_lo * (ph + pl))
+                    B[Q0, ln] = Qs
+                    B[Q1, ln] += (((c1 + c2) + c3) + c4) + c5
                     w_f = (w_hi * (1 + 2.0 ** -50)) * up_rel + up_abs
                     B[SA, ln] += w_f * B[ADP, ln]
                     B[SE, ln] += w_f * B[EDP, ln]
@@ -274,10 +249,8 @@ def _loop() -> Callable[..., None]:
                 Sc = 0.0
                 for ln in range(lanes):
                     for part in (B[k, ln], B[k + 1, ln]):
-                        a = Ss + part
-                        bb = a - Ss
-                        Sc += (Ss - (a - bb)) + (part - bb)
-                        Ss = a
+                        Ss, c1 = _TWO_SUM(Ss, part)
+                        Sc += c1
                 out[i, k - W0] = Ss
                 out[i, k - W0 + 1] = Sc
             out[i, 4] = B[EY].max()
