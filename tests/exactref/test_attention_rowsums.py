@@ -75,8 +75,8 @@ def _mp(x) -> mpmath.mpf:
 
 
 def _check_rows(sp, rows, P, D, S) -> tuple[float, float]:
-    """|D~ - D| <= e_D and |P~ - P| <= e_P for every row and key; returns the largest e_D / sum P |dP|
-    proxy (e_D / max(|D|, 1e-300)) and e_P / P seen, for tightness checks."""
+    """|D~ - D| <= e_D and |P~ - P| <= e_P for every row and key; returns the largest e_D and the largest
+    e_P / P seen, for tightness checks."""
     D_ld, e_D = rows._D[2], rows._D[3]
     P_ld, _, e_P = rows.weights(sp, np.arange(S))
     worst_D = worst_P = 0.0

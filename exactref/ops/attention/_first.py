@@ -439,7 +439,8 @@ class _Rows:
     def _compiled(self, sl: slice, d_hi: np.ndarray, d_lo: np.ndarray, d_rad: np.ndarray, unmasked: np.ndarray,
                   s: float, ds: float) -> bool:
         """:meth:`logits` by the compiled loop (exactref/ops/attention/_loops.py: the same values, bit for
-        bit); False, with nothing kept, where it does not apply or a row needs element-wise bounds."""
+        bit); False where it does not apply or a row needs element-wise bounds, and then the numpy
+        code makes every value of the block again."""
         out = (self.Z[sl], self.ez[sl], self.w[sl])
         got = _loops.logit_rows(d_hi, d_lo, d_rad, unmasked, s, ds, out, _LOGIT_CONSTANTS, _INV_FACT_ARRAY, _TABLE)
         if got is None:

@@ -7,7 +7,12 @@ arrays: dP and T with their bounds, the three row sums of D's error, and e_S and
 At 1x8x1024x64 in float32 on 2 cores, grad_query's tolerance, which makes these bounds for all
 three gradients, took 0.23 to 0.28 s of a 1.0 s backward, and 0.14 to 0.17 s with this loop.  The
 loop makes each row's sums in one pass over it and the elementwise bounds in a second, while the
-row is in cache.
+row is in cache.  The other loops replace numpy chains of the same kind, a dozen or more passes
+over each block: with them and _rowsums' loop, a float32 1x8x1024x64 forward and backward took
+1.53 s against 2.60 s without (medians of 8, in turn in one process, 2 cores).
+
+Where a row needs what a loop leaves out (element-wise weight bounds, an exp bound's argument
+above 1, NaN), the loop says so and the numpy code makes that block's values again.
 
 The values are the numpy code's, bit for bit: the same float64 operations in the same order
 (numba without fast-math: nothing reassociated or fused into a multiply-add), np.maximum's NaN,
