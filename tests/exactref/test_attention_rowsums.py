@@ -166,7 +166,7 @@ def test_the_loop_marks_exactly_the_rows_outside_its_range():
     args = (sp.scale_parts, second.U2, (second._N / math.log(2), second._C_HI, second._C_LO), second._Q_COEF)
     out = _rowsums.row_sums(*parts, unm, M, *args)
     assert out[:, 9].all()
-    M[5] += 700.0  # every y of row 5 now below -600 (and row 6's above 1: its max far above M)
+    M[5] += 700.0  # every y of row 5 now below -600 (and row 6's largest above 1/2: its max far above M)
     M[6] -= 2.0
     out = _rowsums.row_sums(*parts, unm, M, *args)
     assert list(np.flatnonzero(out[:, 9] == 0)) == [5, 6]
