@@ -398,16 +398,32 @@ def _qk_cap_cannot_bind(fp: FirstPass, wts: _Weights, model: AttentionTolerance,
     return answer
 
 
-def _copy_row_sums(X: np.ndarray, axis: int, cop: np.ndarray, n: int) -> np.ndarray:
-    """Each row's sum of the gradient's concatenation X' of the (H, L, S) array X over its copies
-    ``cop``, summing over ``axis`` of X (n terms), raised by 2 gamma_n for its float64 rounding
-    (the terms are nonnegative): (own heads, rows of the gradient)."""
+def _copy_sums(summed: np.ndarray, cop: np.ndarray, n: int) -> np.ndarray:
+    """Each row's sum of the gradient's concatenation X' of an (H, L, S) array X over its copies
+    ``cop``, from ``summed``, X's own float64 sum over the axis that the gradient sums (n terms in
+    all), raised by 2 gamma_n for the float64 roundings (the terms are nonnegative): (own heads, rows
+    of the gradient)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        return up(np.sum(X, axis=axis)[cop].sum(axis=1) * (1 + 2 * _g(n, 2.0 ** -53)))
+        return up(summed[cop].sum(axis=1) * (1 + 2 * _g(n, 2.0 ** -53)))
+
+
+def _dS_bound_sums(fp: FirstPass, model: AttentionTolerance, E_fwd: np.ndarray, e_S: np.ndarray,
+                   dS_up: np.ndarray) -> dict[int, np.ndarray]:
+    """The sums of |dS| + e_S over its keys (axis -1, for grad_query) and over its rows (-2, for
+    grad_key), both from one temporary of the weights' size, once per output gradient and model.
+    (Made for each gradient, that temporary took about 26 ms of each at 1x8x1024x64.)"""
+    hit = fp.bwd_cache.get((model, "dS sums"))
+    if hit is not None and hit[0] is E_fwd:
+        return hit[1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        X = dS_up + e_S
+        sums = {-1: np.sum(X, axis=-1), -2: np.sum(X, axis=-2)}
+    fp.bwd_cache[(model, "dS sums")] = (E_fwd, sums)
+    return sums
 
 
 def _rank_one_bound(rows: np.ndarray, absY: np.ndarray, scale: float, n: int) -> np.ndarray:
-    """An upper bound on ``scale * matmul_up(X', absY)``, with ``rows`` X''s :func:`_copy_row_sums`:
+    """An upper bound on ``scale * matmul_up(X', absY)``, with ``rows`` X''s :func:`_copy_sums`:
     each element is at most its row's sum of X' times its column's largest |Y|, and matmul_up's own
     roundings (about 2 gamma_n, and 2 n TINY) are paid for."""
     g = _g(n, 2.0 ** -53)
@@ -418,16 +434,19 @@ def _rank_one_bound(rows: np.ndarray, absY: np.ndarray, scale: float, n: int) ->
 
 
 def _dS_row_sums(fp: FirstPass, wts: _Weights, model: AttentionTolerance, fmt: Format, E_fwd: np.ndarray,
-                 sums: tuple[np.ndarray, int], rows: np.ndarray, cop: np.ndarray, n: int) -> np.ndarray:
-    """Upper bounds on a kernel's sum_j |dS~_ij| (grad_query's, axis -1 of ``sums``) or sum_i
-    |dS~_ij| (grad_key's, -2) over every copy of the gradient's head, as a column: ``rows``, the
-    :func:`_copy_row_sums` of ``sums`` (|dS| + e_S and its axis), where finite; where |dS| + e_S
-    is not (no relative bound on the weights), from the bound on what a finite computation gives
+                 parts: tuple[np.ndarray, np.ndarray, int], rows: np.ndarray, cop: np.ndarray, n: int
+                 ) -> np.ndarray:
+    """Upper bounds on a kernel's sum_j |dS~_ij| (grad_query's, axis -1) or sum_i |dS~_ij| (grad_key's,
+    -2) over every copy of the gradient's head, as a column: ``rows``, the :func:`_copy_sums` of
+    |dS| + e_S (``parts`` = (e_S, |dS| + e_dS, axis)), where finite; where |dS| + e_S is not (no
+    relative bound on the weights), from the bound on what a finite computation gives
     (_caps.ds_kernel_bound) in its place."""
-    dS_bound, axis = sums
     if not np.all(np.isfinite(rows)):
-        dS_bound = np.where(np.isfinite(dS_bound), dS_bound, ds_kernel_bound(fp, wts, model, fmt, E_fwd))
-        rows = _copy_row_sums(dS_bound, axis, cop, n)
+        e_S, dS_up, axis = parts
+        with np.errstate(over="ignore", invalid="ignore"):
+            dS_bound = dS_up + e_S
+            dS_bound = np.where(np.isfinite(dS_bound), dS_bound, ds_kernel_bound(fp, wts, model, fmt, E_fwd))
+            rows = _copy_sums(np.sum(dS_bound, axis=axis), cop, n)
     return np.where(np.isnan(rows), np.inf, rows)[..., None]  # (NaN: no bound)
 
 
@@ -471,7 +490,7 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
 
             def exact_bound() -> np.ndarray:
                 return matmul_up(Pcat, absG)
-            sums = (fp.P_up, -2, absG, 1.0)
+            rank = (absG, 1.0)
             bound = exact_bound() if model.blocks_in_output_format and half else None
             if bound is not None:
                 E = E + _g(blocks, u_o) * (bound + E)
@@ -489,11 +508,12 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
 
             def exact_bound() -> np.ndarray:
                 return s * matmul_up(Xd, absY, of=np.add, more=(Xe,))
-            sums = (dS_up + e_S, -1 if which == "query" else -2, absY, s)  # (summed over dS's keys, or rows)
-            row_sums = _copy_row_sums(*sums[:2], cop, n)
+            axis = -1 if which == "query" else -2  # (|dS| + e_S summed over dS's keys, or its rows)
+            rank = (absY, s)
+            row_sums = _copy_sums(_dS_bound_sums(fp, model, E_fwd, e_S, dS_up)[axis], cop, n)
             needed = wts.prescaled or (model.blocks_in_output_format and half)
             bound = exact_bound() if needed else None
-            rowsum = _dS_row_sums(fp, wts, model, fmt, E_fwd, sums[:2], row_sums, cop, n)
+            rowsum = _dS_row_sums(fp, wts, model, fmt, E_fwd, (e_S, dS_up, axis), row_sums, cop, n)
             if wts.prescaled:
                 # The rounded pre-scaled operand multiplies dS too: u_in of each term, and its
                 # underflow eta_in / 2 times |dS| (item 4 above; c's rounding is in the depth's 6).
@@ -514,8 +534,8 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
         # The bound on the sum of |terms| matters only for the overflow marks: where a rank-one
         # bound on it keeps every element below the overflow, its product is not made.
         if bound is None and which == "value":
-            row_sums = _copy_row_sums(*sums[:2], cop, n)
-        if bound is None and not np.all((_rank_one_bound(row_sums, *sums[2:], n) + E) * reach < big):
+            row_sums = _copy_sums(np.sum(fp.P_up, axis=-2), cop, n)
+        if bound is None and not np.all((_rank_one_bound(row_sums, *rank, n) + E) * reach < big):
             bound = exact_bound()
             if skip and not np.all(bound < np.inf):
                 # (cap_cannot_bind's min(bound, cap) = bound needs bound finite.)
