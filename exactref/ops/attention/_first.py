@@ -35,7 +35,7 @@ from ..._parallel import for_each, for_each_slice
 from ..._pool import empty
 from ...engine.fast import gamma, two_prod, two_sum, up
 from ...engine.products import matmul_sliced, rows_per_block
-from . import _loops
+from . import _factors, _loops
 from ._problem import Problem
 
 __all__ = ["FirstPass"]
@@ -648,7 +648,7 @@ class FirstPass:
             # Z = up(gamma_K |X| + Xe) is at least their sum of factors, element by element (two
             # roundings, which up pays for), and is formed a block of rows at a time.
             gK = g(K)
-            rad = up(matmul_up(X, absY, of=lambda x, e: up(gK * np.abs(x) + e), more=(Xe,)) + K * TINY)
+            rad = up(matmul_up(X, absY, of=_factors.factor("abs", gK), more=(Xe,)) + K * TINY)
             hi = np.where(np.isfinite(rad) & np.isfinite(hi), hi, 0.0)
             lo = np.zeros_like(hi)
             if which != "value":

@@ -77,6 +77,7 @@ from ._first import (
     matmul_up,
     t_rows,
 )
+from ._factors import factor
 from ._loops import ds_bound_rows, rho_rows
 
 __all__ = ["AttentionTolerance", "backward_tolerance", "forward_tolerance"]
@@ -303,7 +304,7 @@ def forward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format
     with np.errstate(over="ignore", invalid="ignore"):
         c = (1 + u_p) * (1 + gn) - 1
         # coef = P_up (rho + (1 + rho) c), formed a block of rows at a time by matmul_up.
-        E = matmul_up(fp.P_up, fp.absV, of=lambda P, rho: P * (rho + (1 + rho) * c), more=(wts.rho,))
+        E = matmul_up(fp.P_up, fp.absV, of=factor("relative", c), more=(wts.rho,))
         E = E + ((eta_p + eta) * (1 + gn) * fp.colsumV)[:, None, :] + 2 * n * eta
         E = up(E * _SLACK)
         E = np.where(np.isfinite(E), E, np.inf)
@@ -484,7 +485,7 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             absG = fp.absG[cop].reshape(n_own, c * L, Ev)
             Pcat = _cat_rows_t(fp.P_up, cop)
             # coef = P_up (rho + (1 + rho) grow), formed a block of rows at a time by matmul_up.
-            E = matmul_up(Pcat, absG, of=lambda P, r: P * (r + (1 + r) * grow), more=(_cat_rows_t(rho, cop),))
+            E = matmul_up(Pcat, absG, of=factor("relative", grow), more=(_cat_rows_t(rho, cop),))
             colsumG = np.sum(absG, axis=-2)[:, None, :]
             E = E + (eta_p + eta) * (1 + gd) * colsumG + 2 * depth * eta
 
@@ -504,7 +505,7 @@ def backward_tolerance(fp: FirstPass, model: AttentionTolerance, fmt: Format, E_
             # X(f(e_S, dS_up)) = f(X(e_S), X(dS_up)) for an elementwise f: matmul_up forms f a
             # block of rows at a time.
             Xe, Xd = X(e_S, cop), X(dS_up, cop)
-            E = s * matmul_up(Xe, absY, of=lambda e, d: e + gd * (d + e), more=(Xd,)) + 2 * depth * eta * (1 + s)
+            E = s * matmul_up(Xe, absY, of=factor("grown", gd), more=(Xd,)) + 2 * depth * eta * (1 + s)
 
             def exact_bound() -> np.ndarray:
                 return s * matmul_up(Xd, absY, of=np.add, more=(Xe,))
