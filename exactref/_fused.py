@@ -690,7 +690,7 @@ def _quick_cut_loop() -> Callable[..., int]:
         # hi + e = P0 + P1 exactly; lo = e + rest; rad from the rank-one bound R0 and |lo|; an
         # element whose slices' unit underflows, or whose values are not finite, gets 0, 0, inf.
         # rest is rest1 (or +0 where that product was not made) plus rest2 where it was made.
-        up_rel, up_abs, g, u, tail, has1, has2 = c
+        up_rel, up_abs, g, u, tail, has1, has2, has_s = c
         rows, cols = P0.shape
         bad = 0
         for i in range(rows):
@@ -707,7 +707,9 @@ def _quick_cut_loop() -> Callable[..., int]:
                 t = e + r
                 R = (R0[i, j] * up_rel + up_abs) * up_rel + up_abs
                 w = (R * g + abs(t) * u + tail) * up_rel + up_abs
-                ok = ((la + lowB[j]) >= -1074 + 53) & (abs(s) <= big) & (abs(t) <= big) & (abs(S[i, j]) <= big)
+                ok = ((la + lowB[j]) >= -1074 + 53) & (abs(s) <= big) & (abs(t) <= big)
+                if has_s:
+                    ok = ok & (abs(S[i, j]) <= big)
                 ok = ok & (w < inf)
                 hi[i, j] = s if ok else 0.0
                 lo[i, j] = t if ok else 0.0
@@ -719,23 +721,30 @@ def _quick_cut_loop() -> Callable[..., int]:
 
 
 def quick_cut(P0: np.ndarray, P1: np.ndarray, rest1: np.ndarray | None, rest2: np.ndarray | None,
-              R0: np.ndarray, S: np.ndarray, lowA: np.ndarray, lowB: np.ndarray, g: float, tail: float
+              R0: np.ndarray, S: np.ndarray | None, lowA: np.ndarray, lowB: np.ndarray, g: float, tail: float
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(hi, lo, rad) of engine.products.Right._sliced's quick cut from its products, by one compiled
     loop, the values of its numpy code: P0 = A0 B0 and P1 = A1 B0 (exact), rest1 = (A0 + A1) RB and
     rest2 = RA B (their float64 products, None where not made), R0 = cols @ rows (the rank-one
-    bounds before their two roundings up), S the bound on |A| |B|, lowA and lowB the slices'
-    lowest unit exponents, ``g`` = gamma_(K+3) and ``tail`` = 3 K 2**-1074.  None where it does
-    not apply (numba missing, a small block, or not 2-D C-contiguous float64 arrays)."""
-    has1, has2 = rest1 is not None, rest2 is not None
-    rest1, rest2 = (r if r is not None else P0 for r in (rest1, rest2))  # (not read)
-    if not (_plain(P0, P1, rest1, rest2, R0, S) and P0.ndim == 2 and lowA.shape == P0.shape[:1]
-            and lowB.shape == P0.shape[1:]):
+    bounds before their two roundings up), S the bound on |A| |B| (None where not made), lowA and
+    lowB the slices' lowest unit exponents, ``g`` = gamma_(K+3) and ``tail`` = 3 K 2**-1074.  The
+    products are matrices, or stacks of them (..., M, N) with lowA (..., M) and lowB (..., N), one
+    call of the loop per matrix.  None where it does not apply (numba missing, a small block, or
+    not C-contiguous float64 arrays)."""
+    has1, has2, has_s = rest1 is not None, rest2 is not None, S is not None
+    rest1, rest2, S = (r if r is not None else P0 for r in (rest1, rest2, S))  # (not read)
+    lead = P0.shape[:-2]
+    if not (_plain(P0, P1, rest1, rest2, R0, S) and P0.ndim >= 2 and lowA.shape == P0.shape[:-1]
+            and lowB.shape == lead + P0.shape[-1:]):
         return None
     from .engine.fast import U64
 
-    hi, lo, rad = np.empty(P0.shape), np.empty(P0.shape), np.empty(P0.shape)
-    _quick_cut_loop()((*_up_constants(), float(g), U64, float(tail), has1, has2), P0, P1, rest1, rest2, R0, S,
-                      np.ascontiguousarray(lowA, dtype=np.int64), np.ascontiguousarray(lowB, dtype=np.int64),
-                      hi, lo, rad)
+    # Written over P0, P1 and R0, each element after the loop has read it: three arrays of the
+    # block's size fewer (the products are the caller's own, made for this enclosure).
+    hi, lo, rad = P0, P1, R0
+    consts = (*_up_constants(), float(g), U64, float(tail), has1, has2, has_s)
+    lowA, lowB = (np.ascontiguousarray(low, dtype=np.int64) for low in (lowA, lowB))
+    loop = _quick_cut_loop()
+    for i in np.ndindex(lead):
+        loop(consts, P0[i], P1[i], rest1[i], rest2[i], R0[i], S[i], lowA[i], lowB[i], hi[i], lo[i], rad[i])
     return hi, lo, rad

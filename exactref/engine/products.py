@@ -477,16 +477,18 @@ class Right:
                              self._widening())
 
     def _fusable(self, A: np.ndarray, cut: _Slicing, S: np.ndarray | None, RA_rows: np.ndarray) -> bool:
-        """Whether _quick_fused makes this enclosure: a quick cut (one two-sum) of 2-D operands with S,
-        large enough for the compiled loop (exactref/_fused.py), and no element summed exactly from
-        pieces (whose errors the loop does not keep)."""
-        if not (len(cut.slices) == 1 and S is not None and A.ndim == 2 and self.B.ndim == 2
-                and S.dtype == np.float64 and S.flags.c_contiguous and _fused.usable(A.shape[0] * self.B.shape[1])):
+        """Whether _quick_fused makes this enclosure: a quick cut (one two-sum) of matrices, or of stacks
+        of them with the same batch shape, with S or without it, large enough for the compiled loop
+        (exactref/_fused.py), and no element summed exactly from pieces (whose errors the loop does
+        not keep)."""
+        if not (len(cut.slices) == 1 and A.ndim >= 2 and A.shape[:-2] == self.B.shape[:-2]
+                and (S is None or (S.dtype == np.float64 and S.flags.c_contiguous))
+                and _fused.usable(A.shape[-2] * self.B.shape[-1])):
             return False
-        return not (self.pieces and (~RA_rows[:, None] & ~cut.RB_cols[None, :]).any())
+        return not (self.pieces and (~RA_rows[..., :, None] & ~cut.RB_cols[..., None, :]).any())
 
     def _quick_fused(self, A0: np.ndarray, A1: np.ndarray, RA: np.ndarray, RA_rows: np.ndarray,
-                     lowA: np.ndarray, cut: _Slicing, S: np.ndarray) -> Enclosure:
+                     lowA: np.ndarray, cut: _Slicing, S: np.ndarray | None) -> Enclosure:
         """_sliced's enclosure for a quick cut, its products made as there and the rest of its steps
         by one compiled loop (exactref/_fused.py), with the same values."""
         K = self.K

@@ -225,15 +225,21 @@ def test_widen_float32_is_the_bound_and_radius_of_a_narrow_product() -> None:
     assert np.isinf(S32).any() and (S32 == 0).any()
 
 
-@pytest.mark.parametrize("case", ["normal", "B in one slice", "A in two slices", "wide exponents",
-                                  "overflow", "float32 bound overflows", "short"])
+_QUICK_CASES = ["normal", "B in one slice", "A in two slices", "wide exponents", "overflow",
+                "float32 bound overflows", "short", "stack", "stack without the bound"]
+
+
+@pytest.mark.parametrize("case", _QUICK_CASES)
 def test_the_quick_cut_loop_makes_the_enclosure_of_the_numpy_code(monkeypatch, case) -> None:
     from exactref.engine import products
 
-    rng = np.random.default_rng(["normal", "B in one slice", "A in two slices", "wide exponents",
-                                 "overflow", "float32 bound overflows", "short"].index(case))
+    rng = np.random.default_rng(_QUICK_CASES.index(case))
     M, K, N = 96, (3 if case == "short" else 512), 80
-    A, B = rng.standard_normal((M, K)), rng.standard_normal((K, N))
+    lead = (3,) if case.startswith("stack") else ()
+    A, B = rng.standard_normal(lead + (M, K)), rng.standard_normal(lead + (K, N))
+    if lead:  # (attention's products: a stack of heads, each with rows of every size)
+        A *= 2.0 ** rng.integers(-20, 20, lead + (M, 1))
+        A[1, ::4] *= 2.0 ** -1040
     if case == "B in one slice":  # values of a few bits: no (A0 + A1) RB product
         B = np.round(B * 8) / 8
     elif case == "A in two slices":  # values of a few bits: no remainder of A, no RA B product
@@ -258,21 +264,47 @@ def test_the_quick_cut_loop_makes_the_enclosure_of_the_numpy_code(monkeypatch, c
     # (Rows and columns without a remainder make exact pieces, which the loop leaves to the numpy
     # code: the constructed ones of the overflow cases are asked for without.)
     pieces = case not in ("overflow", "float32 bound overflows")
+    bound = case != "stack without the bound"
     with np.errstate(all="ignore"):
-        got = products.Right(B, narrow=False, pieces=pieces, quick=True).times(A)
+        got = products.Right(B, narrow=False, pieces=pieces, quick=True, bound=bound).times(A)
         assert calls
         monkeypatch.setattr(_fused, "available", lambda: False)
-        want = products.Right(B, narrow=False, pieces=pieces, quick=True).times(A)
-    for name in ("hi", "lo", "rad", "S"):
+        want = products.Right(B, narrow=False, pieces=pieces, quick=True, bound=bound).times(A)
+    for name in ("hi", "lo", "rad") + (("S",) if bound else ()):
         assert _same(getattr(got, name), getattr(want, name)), name
+    assert (got.S is None) == (want.S is None) == (not bound)
     assert want.pieces is None
-    if case in ("wide exponents", "overflow"):
+    if case in ("wide exponents", "overflow") or lead:
         assert np.isinf(want.rad).any()
     if case == "overflow":
         assert want.S[2, 2] < np.inf and np.isinf(want.rad[2, 2]) and A[2] @ B[:, 2] != 0
     if case == "float32 bound overflows":
         assert np.isinf(want.S[1, 1]) and np.isinf(want.rad[1, 1])
         assert np.isfinite(A[1] @ B[:, 1])
+
+
+@pytest.mark.parametrize("case", ["exact pieces", "broadcast B"])
+def test_the_quick_cut_loop_leaves_what_it_cannot_make_to_the_numpy_code(monkeypatch, case) -> None:
+    # Rows and columns without remainders sum exactly from pieces, which the loop does not keep;
+    # and a stack of A times one B has lowest units of B's shape alone.
+    from exactref.engine import products
+
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((3, 96, 512) if case == "broadcast B" else (96, 512))
+    B = rng.standard_normal((512, 80))
+    if case == "exact pieces":
+        A, B = np.round(A * 8) / 8, np.round(B * 8) / 8
+    calls = []
+    quick_cut = _fused.quick_cut
+    monkeypatch.setattr(_fused, "quick_cut", lambda *a: calls.append(1) or quick_cut(*a))
+    with np.errstate(all="ignore"):
+        got = products.Right(B, narrow=False, pieces=True, quick=True).times(A)
+        assert not calls
+        monkeypatch.setattr(_fused, "available", lambda: False)
+        want = products.Right(B, narrow=False, pieces=True, quick=True).times(A)
+    for name in ("hi", "lo", "rad", "S"):
+        assert _same(getattr(got, name), getattr(want, name)), name
+    assert (got.pieces is not None) == (want.pieces is not None) == (case == "exact pieces")
 
 
 def test_formats_the_loops_take() -> None:
