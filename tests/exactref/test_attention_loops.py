@@ -317,3 +317,39 @@ def test_the_weight_bounds_are_the_same_with_the_loop_and_without(kind):
                 assert same(getattr(a, name), getattr(b, name)), (algorithm, name)
     assert any(calls)
     assert all(calls) == (kind not in ("huge", "large"))  # their blocks go to the numpy code
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 129])
+def test_the_dot2_loop_gives_the_numpy_codes_sums(n, monkeypatch):
+    # D = rowsum(dO O) by _first.dot_rows: Dekker's products, where they are exact and where they
+    # are not (a factor past 2**995, a product below 2**-968, a zero beside a huge one), NaN and
+    # infinities, signed zeros; and the error bound made from the sums.
+    from exactref.ops.attention._first import dot_rows
+
+    rng = np.random.default_rng(n)
+    shape = (3, max(700, 1400 // n), n)  # (at least the loops' MIN_SIZE values)
+    X, hi = (rng.standard_normal(shape) * np.exp2(rng.integers(-60, 60, shape)) for _ in range(2))
+    lo = hi * np.exp2(-60.0) * rng.standard_normal(shape)
+    specials = [np.nan, np.inf, -np.inf, 0.0, -0.0, 2.0 ** 996, -(2.0 ** 1000), 2.0 ** -500, 5e-324, 1e-300]
+    for arr in (X, hi, lo):
+        odd = rng.random(shape) < 0.01
+        arr[odd] = rng.choice(specials, int(odd.sum()))
+    X[0, :5] = 2.0 ** -600  # products of 2**-1200 and less: below 2**-968, the error term dropped
+    hi[0, :5] = 2.0 ** -600
+    calls = []
+    real = _loops.dot2_rows
+    monkeypatch.setattr(_loops, "dot2_rows", lambda *a: _noted(calls, real(*a)))
+    with np.errstate(all="ignore"):
+        got = dot_rows(X, hi, lo)
+        assert calls == [True]  # (the loop made them)
+        monkeypatch.setattr(_loops, "dot2_rows", lambda *a: None)
+        want = dot_rows(X, hi, lo)
+    for g, w in zip(got, want):
+        # (Which NaN an invalid operation gives, its sign too, is the hardware's choice.)
+        assert same(np.where(np.isnan(g), np.nan, g), np.where(np.isnan(w), np.nan, w))
+    assert np.isinf(want[1]).any() and np.isfinite(want[1]).any() and np.isnan(want[0]).any()
+
+
+def _noted(calls, made):
+    calls.append(made is not None)
+    return made

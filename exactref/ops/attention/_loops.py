@@ -33,7 +33,7 @@ import numpy as np
 
 from ... import _fused
 
-__all__ = ["ds_bound_rows", "ds_rows", "logit_rows", "rho_rows", "weight_rows"]
+__all__ = ["dot2_rows", "ds_bound_rows", "ds_rows", "logit_rows", "rho_rows", "weight_rows"]
 
 _BLOCK_SUM: Any = None
 _PAIRWISE: Any = None
@@ -353,6 +353,60 @@ def ds_rows(dP_hi: np.ndarray, dP_lo: np.ndarray, dP_rad: np.ndarray, D: np.ndar
         _ds_loop()(dP_hi, dP_lo, dP_rad, D, e_D, P, e_P, unmasked, float(U), float(TINY), *map(float, up_constants),
                    *out)
     return True
+
+
+@functools.lru_cache(maxsize=1)
+def _dot2_loop() -> Callable[..., None]:
+    @_fused._jit()
+    def loop(X, hi, lo, splitter, split_max, product_min, s_out, c_out, absum_out):
+        # _first.dot_rows' sums, its numpy operations in order, one row at a time: Dekker's product
+        # of X and hi (engine.fast.two_prod, its error 0 where unsafe), Knuth's two_sum into s, the
+        # errors and X lo into c, and sum |X| (|hi| + |lo|).
+        rows, n = X.shape
+        for i in range(rows):
+            s = 0.0
+            c = 0.0
+            absum = 0.0
+            for j in range(n):
+                a = X[i, j]
+                b = hi[i, j]
+                p = a * b
+                ca = splitter * a
+                ah = ca - (ca - a)
+                al = a - ah
+                cb = splitter * b
+                bh = cb - (cb - b)
+                bl = b - bh
+                e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+                safe = (abs(a) < split_max) & (abs(b) < split_max)
+                safe = safe & ((abs(p) >= product_min) | (a == 0) | (b == 0))
+                if not safe:
+                    e = 0.0
+                t = s + p
+                z = t - s
+                c = c + ((((s - (t - z)) + (p - z)) + e) + a * lo[i, j])
+                s = t
+                absum = absum + abs(a) * (abs(b) + abs(lo[i, j]))
+            s_out[i] = s
+            c_out[i] = c
+            absum_out[i] = absum
+
+    return loop
+
+
+def dot2_rows(X: np.ndarray, hi: np.ndarray, lo: np.ndarray, constants: tuple[float, float, float]
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """_first.dot_rows' s, c and sum |X| (|hi| + |lo|) over the last axis, by the loop; None where it
+    does not apply (numba missing, small or not C-contiguous float64 arrays of one shape).
+    ``constants``: engine.fast's splitter, largest value it splits and smallest safe product."""
+    if not (_fused._plain(X, hi, lo) and X.ndim >= 1):
+        return None
+    n = X.shape[-1]
+    out = tuple(np.empty(X.shape[:-1]) for _ in range(3))
+    with np.errstate(all="ignore"):
+        _dot2_loop()(X.reshape(-1, n), hi.reshape(-1, n), lo.reshape(-1, n), *map(float, constants),
+                     *(o.reshape(-1) for o in out))
+    return out
 
 
 @functools.lru_cache(maxsize=1)
