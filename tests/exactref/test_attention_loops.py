@@ -13,6 +13,8 @@ from exactref.engine.fast import _UP_ABS, _UP_REL
 from exactref.ops.attention import _loops, _model
 from exactref.ops.attention._first import TINY, U
 
+from .spies import recording
+
 pytestmark = pytest.mark.skipif(not _fused.available(), reason="numba is not installed (exactref[fast])")
 
 torch = pytest.importorskip("torch")
@@ -82,14 +84,8 @@ def test_the_bounds_are_the_numpy_codes(ds_rounded, specials):
 def test_an_attention_backward_is_the_same_with_the_loop_and_without_it(dtype, shape, causal, monkeypatch):
     gen = torch.Generator().manual_seed(1)
     q, k, v, g = (torch.randn(*shape, generator=gen).to(getattr(torch, dtype)) for _ in range(4))
-    ran = []
-    real = _loops.ds_bound_rows
-
-    def spy(*a, **kw):
-        out = real(*a, **kw)
-        ran.append(out is not None)
-        return out
-    monkeypatch.setattr(_model, "ds_bound_rows", spy)
+    ran: list[bool] = []
+    monkeypatch.setattr(_model, "ds_bound_rows", recording(_loops.ds_bound_rows, ran))
     with_loop = er.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
     assert any(ran)
     monkeypatch.setattr(_model, "ds_bound_rows", lambda *a, **kw: None)
@@ -175,19 +171,14 @@ def test_the_logits_loop_gives_the_numpy_codes_values(seed, s):
 
 def test_the_logits_loop_runs_on_ordinary_rows_and_leaves_loose_ones_to_numpy():
     from exactref.ops.attention import _first
-    calls = []
+    calls: list[bool] = []
     real = _loops.logit_rows
-
-    def counted(*a):
-        out = real(*a)
-        calls.append(out is not None)
-        return out
     rng = np.random.default_rng(3)
     d_hi = rng.standard_normal((8, 600))
     zeros = np.zeros_like(d_hi)
     unm = np.ones(d_hi.shape, dtype=bool)
     rows = _first._Rows(*d_hi.shape)
-    _loops.logit_rows = counted
+    _loops.logit_rows = recording(real, calls)
     try:
         rows.logits(slice(0, 8), d_hi, zeros, zeros, unm, None, 0.5, 2.0 ** -60)
         assert rows.logit_rowmax[0] > 0 and calls == [True]
@@ -336,9 +327,8 @@ def test_the_dot2_loop_gives_the_numpy_codes_sums(n, monkeypatch):
         arr[odd] = rng.choice(specials, int(odd.sum()))
     X[0, :5] = 2.0 ** -600  # products of 2**-1200 and less: below 2**-968, the error term dropped
     hi[0, :5] = 2.0 ** -600
-    calls = []
-    real = _loops.dot2_rows
-    monkeypatch.setattr(_loops, "dot2_rows", lambda *a: _noted(calls, real(*a)))
+    calls: list[bool] = []
+    monkeypatch.setattr(_loops, "dot2_rows", recording(_loops.dot2_rows, calls))
     with np.errstate(all="ignore"):
         got = dot_rows(X, hi, lo)
         assert calls == [True]  # (the loop made them)
@@ -348,8 +338,3 @@ def test_the_dot2_loop_gives_the_numpy_codes_sums(n, monkeypatch):
         # (Which NaN an invalid operation gives, its sign too, is the hardware's choice.)
         assert same(np.where(np.isnan(g), np.nan, g), np.where(np.isnan(w), np.nan, w))
     assert np.isinf(want[1]).any() and np.isfinite(want[1]).any() and np.isnan(want[0]).any()
-
-
-def _noted(calls, made):
-    calls.append(made is not None)
-    return made

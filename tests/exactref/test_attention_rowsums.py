@@ -19,6 +19,7 @@ from exactref.ops.attention import _rowsums
 from exactref.ops.attention import _second as second
 from exactref.ops.attention import op as attention
 
+from .spies import recording
 from .test_attention_oracle import _everything_through, _second_pass_holds
 
 pytestmark = [pytest.mark.skipif(not second.available(), reason="longdouble is float64 here: no second pass"),
@@ -193,18 +194,12 @@ def test_every_rounding_is_the_longdouble_codes(dtype):
 def test_a_moderate_case_through_the_loop_holds_the_oracle_values():
     # Every element through the second pass (the loop's rows for grad_key and grad_value), checked
     # against the independent oracle; an irrational scale and a boolean mask.
-    calls = []
-    real = second._compiled_rows
-
-    def counted(*a):
-        res = real(*a)
-        calls.append(res is not None)
-        return res
+    calls: list[bool] = []
     rng = np.random.default_rng(11)
     q, k, v, grad = (rng.standard_normal((2, 9, 6)).astype(np.float32) * 2 for _ in range(4))
     mask = rng.random((9, 9)) < 0.8
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(second, "_compiled_rows", counted)
+        mp.setattr(second, "_compiled_rows", recording(second._compiled_rows, calls))
         n = _second_pass_holds(q, k, v, grad, {"attn_mask": mask}, {"mask": mask})
     assert n == 4 * q.size and calls and all(calls)
 

@@ -19,6 +19,7 @@ from exactref.engine import decision, fast
 from exactref.formats import FORMATS
 
 from .oracle import bits_equal, round_fraction, round_value
+from .spies import recording
 
 pytestmark = pytest.mark.skipif(not _fused.available(), reason="numba is not installed (exactref[fast])")
 
@@ -236,14 +237,8 @@ def test_a_float32_matmul_is_the_same_with_the_gather_loop_and_without_it(monkey
     rng = np.random.default_rng(3)  # (the draws above: many rows for the exact path)
     A = (rng.integers(-64, 64, (96, 160)) * 2.0 ** rng.integers(-3, 3, (96, 160))).astype(np.float32)
     B = (rng.integers(-64, 64, (160, 80)) / 3).astype(np.float32)
-    seen = []
-    real = _fused_refine.gather_products
-
-    def spy(*args):
-        out = real(*args)
-        seen.append(out is not None)
-        return out
-    monkeypatch.setattr(_fused_refine, "gather_products", spy)
+    seen: list[bool] = []
+    monkeypatch.setattr(_fused_refine, "gather_products", recording(_fused_refine.gather_products, seen))
     with_loop = er.matmul(A, B)
     assert seen and all(seen)  # the exact path gathered by the loop
     monkeypatch.setattr(_fused_refine, "gather_products", lambda *a: None)
