@@ -48,6 +48,9 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+# Run as a script, so benchmarks/ is on sys.path.
+from _measure import blas
+
 import exactref as er
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -167,6 +170,8 @@ def main() -> None:
         rows = [Row("custom", args.dtype, tuple(args.shape), "10x", causal=args.causal)]
     else:
         rows = [r for r in ROWS if args.only is None or r.name in args.only]
+    print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} torch threads")
+    print(blas())
     for row in rows:
         run_row(row, args.repeat, args.seed, not args.no_warmup, args.cpu)
 

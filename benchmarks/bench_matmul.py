@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 # Run as a script, so benchmarks/ is on sys.path.
-from _measure import loops, median_times, peak_bytes
+from _measure import blas, loops, median_times, peak_bytes
 
 import exactref as er
 
@@ -181,6 +181,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} torch threads, "
           f"{loops()}, median of {args.repeat}{', BLAS limit off' if args.no_blas_limit else ''}"
           f"{', malloc and huge pages left alone' if args.no_malloc_hold else ''}")
+    print(blas())
     for dtype, n in TARGETS:
         name = f"matmul {dtype} {n}"
         if n in sizes and args.only in name:

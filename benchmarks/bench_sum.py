@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 # Run as a script, so benchmarks/ is on sys.path.
-from _measure import median_times, peak_bytes
+from _measure import blas, median_times, peak_bytes
 
 import exactref as er
 
@@ -80,6 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} torch threads, "
           f"median of {args.repeat}")
+    print(blas())
     for label, (n, target) in CASES.items():
         if args.only in label:
             repeat = args.repeat if n < 10 ** 8 else max(1, min(args.repeat, 3))
