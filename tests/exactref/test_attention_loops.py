@@ -338,3 +338,44 @@ def test_the_dot2_loop_gives_the_numpy_codes_sums(n, monkeypatch):
         # (Which NaN an invalid operation gives, its sign too, is the hardware's choice.)
         assert same(np.where(np.isnan(g), np.nan, g), np.where(np.isnan(w), np.nan, w))
     assert np.isinf(want[1]).any() and np.isfinite(want[1]).any() and np.isnan(want[0]).any()
+
+
+@pytest.mark.parametrize("second", [False, True])
+def test_the_cap_loop_gives_the_numpy_codes_answers(second, monkeypatch):
+    # _caps._dS_rows: each row built to pass, or to fail one condition (the first by a hair, the
+    # second where it is tested, the third), or to hold a NaN in one of its arrays, or a weight
+    # bound above 1 that only min(P_up, 1) fails; the loop's answer for every row is the numpy code's.
+    from exactref.ops.attention import _caps
+
+    rng = np.random.default_rng(int(second))
+    rows, n = 96, 300
+    g_lo, g_hi, lo, hi = 1e-3, 2e-3, 1 - 2.0 ** -50, 1.001
+    m = 5e-3 if second else 1e-4
+    P_up = rng.uniform(0.01, 0.9, (rows, n))
+    B = rng.uniform(0.5, 2.0, (rows, n))
+    below = (1 + g_lo) * lo * P_up * B
+    d = 0.5 * P_up * B  # the third condition holds
+    d[:, 31] = P_up[:, 31] * (B[:, 31] + 0.5 * B.max(axis=-1))  # and needs the row's largest B
+
+    def binding(g, hair):  # e where (e + g (d + e)) hi is below times 1 + hair
+        return (below / hi * (1 + hair) - g * d) / (1 + g)
+    kind = np.arange(rows) % 8
+    e = binding(max(g_hi, m) if second else g_hi, -1e-12)
+    e[kind == 1] = binding(g_hi, 1e-9)[kind == 1]  # fails the first condition by a hair
+    e[kind == 2] = binding(g_hi, -1e-12)[kind == 2]  # holds the first, fails the second where tested
+    d[kind == 3, 13] = 1e9  # fails the third: above P_up (B + max B)
+    B[kind == 4, 17] = np.nan
+    P_up[kind == 5, 19] = np.nan
+    e[kind == 6, 23] = np.nan
+    P_up[kind == 7, 29] = 1.5  # min(P_up, 1) is 1 there: the third condition fails
+    d[kind == 7, 29] = 1.2 * (B[kind == 7, 29] + B[kind == 7].max(axis=-1))
+    consts = (g_lo, g_hi, m, lo, hi)
+    calls: list[bool] = []
+    monkeypatch.setattr(_loops, "cap_rows", recording(_loops.cap_rows, calls))
+    got = _caps._dS_rows(P_up, B, e, d, consts)[0]
+    assert calls == [True]
+    monkeypatch.setattr(_loops, "cap_rows", lambda *a: None)
+    want = _caps._dS_rows(P_up, B, e, d, consts)[0]
+    assert got.dtype == want.dtype == np.bool_ and np.array_equal(got, want)
+    assert want[kind == 0].all() and not want[(kind >= 1) & (kind != 2)].any()
+    assert not want[kind == 2].any() if second else want[kind == 2].all()

@@ -1,6 +1,6 @@
 """Compiled loops for the first pass's logits, weights and dS (_first._Rows.logits and .weights,
-_first._ds_rows), the tolerance models' weight bounds (_model._Weights) and the backward
-tolerance's shared bounds (_model._dS_bound_rows), by numba.
+_first._ds_rows), the tolerance models' weight bounds (_model._Weights), the backward
+tolerance's shared bounds (_model._dS_bound_rows) and its caps' test (_caps._dS_rows), by numba.
 
 Why: _dS_bound_rows makes dozens of numpy passes over each block of the (heads, rows, keys)
 arrays: dP and T with their bounds, the three row sums of D's error, and e_S and |dS| + e_dS.
@@ -32,7 +32,7 @@ import numpy as np
 
 from ... import _fused
 
-__all__ = ["dot2_rows", "ds_bound_rows", "ds_rows", "logit_rows", "rho_rows", "weight_rows"]
+__all__ = ["cap_rows", "dot2_rows", "ds_bound_rows", "ds_rows", "logit_rows", "rho_rows", "weight_rows"]
 
 _BLOCK_SUM: Any = None
 _PAIRWISE: Any = None
@@ -482,3 +482,47 @@ def rho_rows(unmasked: np.ndarray, Z: np.ndarray, ez: np.ndarray, A: np.ndarray,
         _rho_loop()(unmasked, Z, ez, A, P_up, M, l1q, l1k, rowmax, bool(make), tuple(map(float, consts)), *out,
                     np.empty(n), _plan(n), np.empty(64), ok)
     return bool(ok.all())
+
+
+@functools.lru_cache(maxsize=1)
+def _cap_loop() -> Callable[..., None]:
+    @_fused._jit()
+    def loop(P_up, B, e, d, c1, g_hi, m, hi, second, ok):
+        # _caps._dS_rows, its numpy operations in order, a row at a time: the row's largest B, then
+        # each key's three conditions; the row is ok where all hold.  (np.max's NaN is not kept: a
+        # NaN in B fails its own key's first condition, and so its row, whatever the largest B.)
+        rows, n = B.shape
+        for i in range(rows):
+            Bmax = 0.0
+            for j in range(n):
+                b = B[i, j]
+                Bmax = b if b > Bmax else Bmax
+            good = True
+            for j in range(n):
+                p = P_up[i, j]
+                pm = p if (p < 1.0) | (p != p) else 1.0  # np.minimum(P_up, 1.0): NaN kept
+                b = B[i, j]
+                below = c1 * pm * b
+                ei = e[i, j]
+                di = d[i, j]
+                de = di + ei
+                t = ((ei + g_hi * de) * hi <= below) & (di <= pm * (b + Bmax))
+                if second:
+                    t = t & ((ei + m * de) * hi <= below)
+                good = good & t
+            ok[i] = good
+
+    return loop
+
+
+def cap_rows(P_up: np.ndarray, B: np.ndarray, e: np.ndarray, d: np.ndarray,
+             consts: tuple[float, float, float, float, float]) -> np.ndarray | None:
+    """_caps._dS_rows's answer per row (its three conditions on every key), by the loop; None where it
+    does not apply (numba missing, a small block, arrays not (rows, keys) C-contiguous float64)."""
+    if not (_fused._plain(P_up, B, e, d) and B.ndim == 2):
+        return None
+    g_lo, g_hi, m, lo, hi = consts
+    ok = np.empty(B.shape[0], dtype=bool)
+    with np.errstate(all="ignore"):
+        _cap_loop()(P_up, B, e, d, float((1 + g_lo) * lo), float(g_hi), float(m), float(hi), bool(m > g_lo), ok)
+    return ok
