@@ -379,3 +379,28 @@ def test_the_cap_loop_gives_the_numpy_codes_answers(second, monkeypatch):
     assert got.dtype == want.dtype == np.bool_ and np.array_equal(got, want)
     assert want[kind == 0].all() and not want[(kind >= 1) & (kind != 2)].any()
     assert not want[kind == 2].any() if second else want[kind == 2].all()
+
+
+@pytest.mark.parametrize("S", [1, 2, 7, 128, 129, 1000])
+def test_the_sums_loop_gives_numpys_sums(S, monkeypatch):
+    # _model._dS_bound_sums: the sums of |dS| + e_S over the keys (numpy's pairwise order) and over
+    # the rows (numpy's, one after another; with one key, pairwise, which the loop leaves to
+    # numpy), with magnitudes 2**80 apart, infinities and NaN.
+    rng = np.random.default_rng(S)
+    shape = (3, max(3, 6000 // S), S)
+    a, b = (rng.random(shape) * np.exp2(rng.integers(-40, 40, shape)) for _ in range(2))
+    a[0, 1, 0] = np.inf
+    b[1, 2, -1] = np.nan
+    calls: list[bool] = []
+    monkeypatch.setattr(_model, "ds_sums", recording(_loops.ds_sums, calls))
+    fp = type("FP", (), {"bwd_cache": {}})()
+    got = _model._dS_bound_sums(fp, "model", None, a, b)
+    assert calls == [S > 1]
+    monkeypatch.setattr(_model, "ds_sums", lambda *args: None)
+    want = _model._dS_bound_sums(type("FP", (), {"bwd_cache": {}})(), "model", None, a, b)
+    with np.errstate(invalid="ignore"):
+        X = b + a
+    for axis in (-1, -2):
+        assert same(got[axis], want[axis]), axis
+        assert same(want[axis], np.sum(X, axis=axis)), axis
+    assert np.isnan(want[-1]).any() and np.isinf(want[-2]).any()

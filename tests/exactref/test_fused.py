@@ -509,6 +509,7 @@ def test_a_later_process_loads_every_loop_from_numbas_disk_cache(tmp_path) -> No
     assert len(names) >= 10, names  # (the loops ran, and were cached)
     for loop in ("_logits_loop.locals.loop", "_weights_loop.locals.loop", "_ds_loop.locals.loop", "_rho_loop.locals.loop",
                  "_rowsums._loop.locals.rows", "_fused_slices._loop.locals.loop",
-                 "_factors._loop.locals.loop", "_dot2_loop.locals.loop", "_cap_loop.locals.loop"):
+                 "_factors._loop.locals.loop", "_dot2_loop.locals.loop", "_cap_loop.locals.loop",
+                 "_sums_loop.locals.loop"):
         assert any(n.endswith(loop) for n in names), (loop, names)
     assert run() == first

@@ -1,6 +1,7 @@
 """Compiled loops for the first pass's logits, weights and dS (_first._Rows.logits and .weights,
 _first._ds_rows), the tolerance models' weight bounds (_model._Weights), the backward
-tolerance's shared bounds (_model._dS_bound_rows) and its caps' test (_caps._dS_rows), by numba.
+tolerance's shared bounds and their sums (_model._dS_bound_rows, _model._dS_bound_sums) and its
+caps' test (_caps._dS_rows), by numba.
 
 Why: _dS_bound_rows makes dozens of numpy passes over each block of the (heads, rows, keys)
 arrays: dP and T with their bounds, the three row sums of D's error, and e_S and |dS| + e_dS.
@@ -31,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from ... import _fused
+from ..._parallel import for_each
 
-__all__ = ["cap_rows", "dot2_rows", "ds_bound_rows", "ds_rows", "logit_rows", "rho_rows", "weight_rows"]
+__all__ = ["cap_rows", "dot2_rows", "ds_bound_rows", "ds_rows", "ds_sums", "logit_rows", "rho_rows", "weight_rows"]
 
 _BLOCK_SUM: Any = None
 _PAIRWISE: Any = None
@@ -526,3 +528,46 @@ def cap_rows(P_up: np.ndarray, B: np.ndarray, e: np.ndarray, d: np.ndarray,
     with np.errstate(all="ignore"):
         _cap_loop()(P_up, B, e, d, float((1 + g_lo) * lo), float(g_hi), float(m), float(hi), bool(m > g_lo), ok)
     return ok
+
+
+@functools.lru_cache(maxsize=1)
+def _sums_loop() -> Callable[..., None]:
+    _pairwise()  # (the helper the loop calls: see _fused._BITS)
+
+    @_fused._jit()
+    def loop(a, b, rows_out, cols_out, t, plan, stack):
+        # _model._dS_bound_sums for one head: X = a + b a row at a time, its sum by numpy's pairwise
+        # order (np.sum over the last axis), and its values added to the columns' sums one row after
+        # another, the first row copied (np.sum over the rows adds them so, in turn).
+        L, S = a.shape
+        for i in range(L):
+            for j in range(S):
+                t[j] = a[i, j] + b[i, j]
+            rows_out[i] = _PAIRWISE(t, plan, stack)
+            if i == 0:
+                for j in range(S):
+                    cols_out[j] = t[j]
+            else:
+                for j in range(S):
+                    cols_out[j] = cols_out[j] + t[j]
+
+    return loop
+
+
+def ds_sums(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``np.sum(a + b, axis=-1)`` and ``np.sum(a + b, axis=-2)`` of (heads, rows, keys) arrays, by the
+    loop, each head on its own (heads side by side), without the sum's array; None where it does
+    not apply (numba missing, small or not C-contiguous float64 arrays of one 3-D shape, no row, or
+    one key: numpy then sums the rows of each head by its pairwise order, their values being
+    contiguous)."""
+    if not (_fused._plain(a, b) and a.ndim == 3 and a.shape[1] > 0 and a.shape[2] > 1):
+        return None
+    H, L, S = a.shape
+    rows, cols = np.empty((H, L)), np.empty((H, S))
+    loop, plan = _sums_loop(), _plan(S)
+
+    def head(h: int) -> None:
+        loop(a[h], b[h], rows[h], cols[h], np.empty(S), plan, np.empty(64))
+    with np.errstate(all="ignore"):
+        for_each(head, H)
+    return rows, cols
