@@ -34,7 +34,8 @@ import numpy as np
 from ... import _fused
 from ..._parallel import for_each
 
-__all__ = ["cap_rows", "dot2_rows", "ds_bound_rows", "ds_rows", "ds_sums", "logit_rows", "rho_rows", "weight_rows"]
+__all__ = ["cap_rows", "dot2_rows", "ds_bound_rows", "ds_rows", "ds_sums", "logit_rows", "rho_rows",
+           "weight_rows"]
 
 _BLOCK_SUM: Any = None
 _PAIRWISE: Any = None
