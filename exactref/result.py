@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _report
+from . import _fused, _report
 from ._convert import _plain
 from ._threads import own_threads, small
 from .errors import (
@@ -49,7 +49,7 @@ from .rounding import (  # _ABS, _REL: the slack of below() and above(), which j
     to_dtype,
 )
 
-__all__ = ["Gradients", "Part", "Result", "judge"]
+__all__ = ["Gradients", "Part", "Result", "judge", "judge_one"]
 
 
 @dataclass
@@ -148,6 +148,24 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
     if nan_also is not None:
         nan_ok = nan_ok | nan_also
     return Part(rounded, x_lo, x_hi, lo, hi, nan_ok, special_ok, tol)
+
+
+def judge_one(x_lo: float, x_hi: float, E: float, fmt: Format) -> tuple[float, float, float] | None:
+    """``(lo, hi, tolerance)`` of :func:`judge` for one element of a float32 output (``fmt`` rounded
+    by numpy's cast) without special values or overflow marks, by the same IEEE operations in
+    the same order on Python floats, bit for bit (see engine.decision.decide_one for why).  None
+    outside what it covers, which judge does: E not positive and finite (a zero E asks for the
+    exact value, an infinite one for no bound), an end past float32's largest value."""
+    if not (0 < E < np.inf and _fused._rounds_by_cast(fmt)):
+        return None
+    low_at, high_at = x_lo - E, x_hi + E  # _ends: below(x_lo - E, E), above(x_hi + E, E)
+    low_at = low_at - ((abs(low_at) + E) * _REL + _ABS)
+    high_at = high_at + ((abs(high_at) + E) * _REL + _ABS)
+    if not (abs(low_at) <= fmt.max_finite and abs(high_at) <= fmt.max_finite):
+        return None  # (NaN too)
+    lo, hi = float(np.float32(low_at)), float(np.float32(high_at))
+    tol = max(x_hi - lo, hi - x_lo)  # (no NaN, for np.maximum to differ)
+    return lo, hi, tol + (tol * _REL + _ABS) if tol > 0 else 0.0
 
 
 def _ends(x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray,

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _fused_refine
+from .. import _fused, _fused_refine
 from ..formats import Format
-from ..rounding import _slack_into, cast_is_faster, decide, enclosure_bounds, next_down, next_up, round_float64
+from ..rounding import _ABS, _REL, _slack_into, cast_is_faster, decide, enclosure_bounds, next_down, next_up, round_float64
 from . import fast
 
-__all__ = ["bounds_lo_zero", "decide_float64", "decide_float64_general", "decide_narrow", "decide_refined", "grid",
-           "refine", "refine_numpy"]
+__all__ = ["bounds_lo_zero", "decide_float64", "decide_float64_general", "decide_narrow", "decide_one", "decide_refined",
+           "grid", "refine", "refine_numpy"]
 
 
 def bounds_lo_zero(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -49,6 +49,34 @@ def bounds_lo_zero(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, np.ndar
         for end, sign in ((low, np.subtract), (high, np.add)):
             sign(end, _slack_into(end, rad, slack), out=end)
     return low, high
+
+
+def decide_one(hi: float, lo: float, rad: float, fmt: Format) -> tuple[float, float, float] | None:
+    """``(rounded, x_lo, x_hi)`` of one value in ``hi + lo +- rad``, for a float32 output: what
+    :func:`~exactref.rounding.enclosure_bounds` and :func:`decide_narrow` give it, by the same IEEE
+    operations in the same order on Python floats, bit for bit, without the numpy calls' fixed
+    costs (which a full sum's one output pays after its long loop, its caches cold: see
+    ops/reduction.py).  None where those leave it undecided (a zero, an end on both sides of a
+    rounding boundary), or where the ends are not finite or lie past float32's largest value
+    (where the cast would overflow): the numpy code decides those.
+
+    Equal roundings of two ends of one sign are equal bits (a positive end rounds to +0 at the
+    least, a negative one to -0), so comparing values is :func:`decide_narrow`'s comparison of
+    bits."""
+    if not _fused._rounds_by_cast(fmt):
+        return None
+    t_low, t_high = lo - rad, lo + rad
+    scale = abs(lo) + rad
+    v = hi + t_low
+    low = v - ((abs(v) + scale) * _REL + _ABS)  # rounding.below
+    v = hi + t_high
+    high = v + ((abs(v) + scale) * _REL + _ABS)  # rounding.above
+    if not (low > 0 or high < 0) or not (abs(low) <= fmt.max_finite and abs(high) <= fmt.max_finite):
+        return None  # (NaN fails both tests)
+    r_high = float(np.float32(high))  # numpy's cast: round_float64's for float32
+    if float(np.float32(low)) != r_high:
+        return None
+    return r_high, low, high
 
 
 def decide_narrow(low: np.ndarray, high: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ from ..models._error_model import DEFAULT, ErrorModel, accumulation_format, chec
 from ..models._orders import tensor_core_of
 from ..models._running import RowSource, ordered_error
 from ..result import Gradients, Result
-from ._common import Op, PartSpec, build, check_bytes, read_grad, zero_nonfinite
+from ._common import Op, PartSpec, build, check_bytes, one_part, read_grad, zero_nonfinite
 
 __all__ = ["sum"]
 
@@ -163,14 +163,18 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     acc = accumulation_format(model, pfmt)
     threaded = pfmt.p < acc.p and o.array.size >= GRAIN_SIZE
 
-    def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
-        E = dot_error(sol.S, depth=n - 1, acc=acc, out=pfmt)
+    def bound(S: Any) -> tuple[Any, Any]:
+        # (Elementwise in S, an array or a float: see one_part below.)
+        E = dot_error(S, depth=n - 1, acc=acc, out=pfmt)
         if threaded:
             # A thread's partial sum is rounded to the output format, then the partials are added.
             # Partial sums of pfmt values are multiples of its smallest subnormal, and so is every
             # subnormal of pfmt: that rounding never underflows, so it costs u * |partial| alone.
-            E = up(E + pfmt.unit_roundoff * (sol.S + E) * 2)
-        return E, overflow_possible(sol.S, acc, n)
+            E = up(E + pfmt.unit_roundoff * (S + E) * 2)
+        return E, overflow_possible(S, acc, n)
+
+    def tol(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
+        return bound(sol.S)
 
     # The terms of the finite values, for a declared order's bound and its emulated kernel.
     source = None
@@ -196,8 +200,11 @@ def sum(x: Any, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     def typical(index: tuple[int, ...]) -> float:
         return emulate(source.terms_at(index), model.order, acc, pfmt, False)
 
+    # A long full sum of float32 values: its one value decided and judged from the enclosure made
+    # as x was copied, on Python floats, where that covers it (the same values: _common.one_part).
+    one = one_part(known, pfmt, bound) if known is not None and source is None else None
     return build("sum", fmt, moved.shape[:-1], specs, model, out_shape=out_shape, backward=backward,
-                 typical=None if source is None else typical)
+                 typical=None if source is None else typical, judged=None if one is None else [one])
 
 
 def _backward(o: Any, axes: tuple[int, ...], out_shape: tuple[int, ...], grad: Any, model: ErrorModel) -> Gradients:

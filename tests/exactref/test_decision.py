@@ -130,3 +130,78 @@ def test_decide_float64_matches_its_definition(kind: int) -> None:
         assert decided.any()
         for got, want in zip(fast_out[:3], ref[:3]):
             assert np.array_equal(_bits(got)[decided], _bits(want)[decided])
+
+
+F32 = FORMATS["float32"]
+
+
+@st.composite
+def float32_enclosures(draw: st.DrawFn) -> tuple[float, float, float]:
+    """``(hi, lo, rad)`` around float32's rounding boundaries: hi a float32 value, or the midpoint
+    of two, moved by a few float64 ulps; lo within one of hi's ulps; rad from 0 to a few float32
+    ulps.  Zeros, subnormals and values near float32's largest among them."""
+    f = draw(st.floats(width=32, allow_nan=False, allow_infinity=False))
+    with np.errstate(over="ignore"):  # (inf past the largest value)
+        up_ = float(np.nextafter(np.float32(f), np.float32(np.inf)))
+    hi = draw(st.sampled_from([f, (f + up_) / 2 if math.isfinite(up_) else f]))
+    hi = float(hi + draw(st.integers(-3, 3)) * math.ulp(hi))
+    lo = draw(st.sampled_from([0.0, -0.0])) or draw(st.floats(-1, 1)) * math.ulp(hi) / 2
+    if draw(st.integers(0, 9)) == 0:
+        lo = draw(wide_floats(300))  # (not an enclosure long_sums makes: the same operations all the same)
+    scale = max(abs(hi), 2.0 ** -149) * 2.0 ** -24
+    rad = draw(st.sampled_from([0.0, 2.0 ** -1074])) or draw(st.floats(0, 4)) * scale * 2.0 ** -draw(st.integers(0, 40))
+    return hi, lo, rad
+
+
+def _numpy_decision(hi: float, lo: float, rad: float) -> tuple[float, float, float, bool]:
+    """What the engine gives the value (sumprod._decide for an enclosure whose lo is not marked zero)."""
+    from exactref.rounding import enclosure_bounds
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        x_lo, x_hi = enclosure_bounds(np.array(hi), np.array(lo), np.array(rad))
+        rounded, decided = decision.decide_narrow(x_lo, x_hi, F32)
+    return float(rounded), float(x_lo), float(x_hi), bool(decided)
+
+
+def _check_decide_one(hi: float, lo: float, rad: float) -> bool:
+    """decide_one's answer is the numpy code's, bit for bit, or it declines one that code leaves
+    undecided or whose ends lie past float32's largest value; returns whether it decided."""
+    rounded, x_lo, x_hi, decided = _numpy_decision(hi, lo, rad)
+    got = decision.decide_one(hi, lo, rad, F32)
+    if got is None:
+        assert not decided or max(abs(x_lo), abs(x_hi)) > F32.max_finite, (hi, lo, rad)
+        return False
+    assert decided and bits_equal(np.array(got), np.array([rounded, x_lo, x_hi])), (hi, lo, rad, got)
+    return True
+
+
+@settings(max_examples=1000)
+@given(float32_enclosures())
+def test_decide_one_is_the_numpy_codes_decision(enc: tuple[float, float, float]) -> None:
+    _check_decide_one(*enc)
+
+
+@pytest.mark.parametrize(("hi", "lo", "rad", "decides"), [
+    (1000.5, 0.0, 1e-10, True),  # far from a boundary
+    (1.0 + 2.0 ** -24, 0.0, 0.0, False),  # on a tie: the ends' slack puts them on both sides
+    (1.0 + 2.0 ** -24, 2.0 ** -60, 2.0 ** -61, False),  # past it by less than the slack
+    (1.0 + 2.0 ** -24 + 2.0 ** -40, 0.0, 2.0 ** -45, True),  # past it by more than the radius
+    (-(1.0 + 2.0 ** -24 + 2.0 ** -40), 0.0, 2.0 ** -45, True),  # negative
+    (0.0, 0.0, 0.0, False),  # a zero's sign is the exact path's
+    (2.0 ** -160, 0.0, 2.0 ** -170, True),  # rounds to +0, both ends positive
+    (-(2.0 ** -160), 0.0, 2.0 ** -170, True),  # rounds to -0
+    (2.0 ** -149 * 1.5, 0.0, 2.0 ** -160, False),  # a subnormal tie
+    (float(np.finfo(np.float32).max) * (1 - 2.0 ** -40), 0.0, 1.0, True),  # rounds to the largest
+    (float(np.finfo(np.float32).max), 0.0, 2.0 ** 104, False),  # an end past the largest value
+    (3.5e38, 0.0, 1.0, False),  # both ends round to inf: decided there, declined here
+    (math.inf, 0.0, 0.0, False),
+    (math.nan, 0.0, 0.0, False),
+    (1.0, 0.0, math.inf, False),
+])
+def test_decide_one_decides_what_the_numpy_code_decides(hi: float, lo: float, rad: float, decides: bool) -> None:
+    assert _check_decide_one(hi, lo, rad) is decides
+
+
+def test_decide_one_declines_other_formats() -> None:
+    for name in ("float64", "float16", "bfloat16"):
+        assert decision.decide_one(1000.5, 0.0, 1e-10, FORMATS[name]) is None

@@ -9,6 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import exactref as er
 
@@ -135,3 +137,56 @@ def test_dlpack_objects_are_read_as_arrays():
     assert er.asarray(_DLPackOnly(data)).tolist() == [[1.0, 2.0]]
     res = er.matmul(_DLPackOnly(data), _DLPackOnly(data.T.copy()))
     assert res.covers(_DLPackOnly(np.array([[5.0]], dtype=np.float32))).all()
+
+
+def _judge_numpy(x_lo: float, x_hi: float, E: float) -> tuple[float, float, float]:
+    from exactref.formats import FORMATS
+    from exactref.result import judge
+
+    rounded = float(np.float32(x_hi)) if abs(x_hi) <= 3e38 else x_hi
+    with np.errstate(over="ignore", invalid="ignore"):
+        part = judge(np.array(rounded), np.array(x_lo), np.array(x_hi), np.array(E), FORMATS["float32"])
+    assert not part.special_ok and not part.nan_ok
+    return float(part.lo), float(part.hi), float(part.tolerance)
+
+
+def _check_judge_one(x_lo: float, x_hi: float, E: float) -> bool:
+    """judge_one's (lo, hi, tolerance) are judge's, bit for bit, or it declines an E that is not
+    positive and finite, or ends past float32's largest value; returns whether it judged."""
+    from exactref.formats import FORMATS
+    from exactref.result import judge_one
+
+    from .oracle import bits_equal
+
+    got = judge_one(x_lo, x_hi, E, FORMATS["float32"])
+    if got is None:
+        big = max(abs(x_lo), abs(x_hi)) + E > 3.4e38
+        assert not 0 < E < np.inf or big, (x_lo, x_hi, E)
+        return False
+    assert bits_equal(np.array(got), np.array(_judge_numpy(x_lo, x_hi, E))), (x_lo, x_hi, E, got)
+    return True
+
+
+_VALUES = st.floats(-3.4e38, 3.4e38) | st.floats(-1e-30, 1e-30)
+
+
+@settings(max_examples=1000)
+@given(x=_VALUES, width=st.floats(0, 1) | st.just(0.0), E=st.floats(0, 1e38) | st.floats(0, 1e-40))
+def test_judge_one_is_judges_values(x: float, width: float, E: float) -> None:
+    # bounds x_lo <= x_hi around x, as far apart as the ends of a decided value may lie
+    _check_judge_one(x, x + width * abs(x) * 2.0 ** -30, E)
+
+
+@pytest.mark.parametrize(("x_lo", "x_hi", "E", "judges"), [
+    (1.0, 1.0 + 2.0 ** -50, 1e-3, True),
+    (-5.5, -5.5, 2.0 ** -1074, True),  # the least E
+    (0.0, 0.0, 1e-45, True),
+    (-(2.0 ** -1073), -(2.0 ** -1073), 2.0 ** -1074, True),  # the absolute slack makes hi +0, not -0
+    (3.0e38, 3.0e38, 1e37, True),  # an end near the largest value
+    (3.0e38, 3.0e38, 1e38, False),  # past it
+    (1.0, 1.0, 0.0, False),  # E = 0 asks for the exact value itself
+    (1.0, 1.0, np.inf, False),
+    (1.0, 1.0, np.nan, False),
+])
+def test_judge_one_judges_what_it_covers(x_lo: float, x_hi: float, E: float, judges: bool) -> None:
+    assert _check_judge_one(x_lo, x_hi, E) is judges
