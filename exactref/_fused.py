@@ -50,8 +50,10 @@ __all__ = ["available", "decide_float64", "decide_narrow", "decides", "judge_int
            "read_float32", "scaled_bound", "usable", "widen_float32"]
 
 # Elements below which a block keeps the numpy code.  There the loops gain microseconds (a
-# float32 judgement of 4096 elements took 26 us against numpy's 41), and a smaller threshold would
-# have small ops load numba, about 0.4 s once per process.
+# float32 judgement of 4096 elements took 26 us against numpy's 41).  (A small output of one plain
+# narrow product is the exception: one call of exactref/_fused_judge.py's loop replaces its thirty
+# numpy calls (ops._common._judged_at_once), and so small matmuls load numba, about 0.4 s once
+# per process.)
 MIN_SIZE = 1 << 12
 
 

@@ -155,8 +155,8 @@ def _constants(bound: tuple[float, float, float, float]) -> tuple[tuple[float, .
     return cj[1:], cj, _fused._up_constants(), tuple(float(b) for b in bound)
 
 
-def decide_and_judge(fmt: Any, product: Any, bound: tuple[float, float, float, float], out: dict[str, np.ndarray]
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def decide_and_judge(fmt: Any, product: Any, bound: tuple[float, float, float, float], out: dict[str, np.ndarray],
+                     *, small: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """From a narrow product's BLAS products (an engine.products.NarrowProduct whose P is float32):
     widen its bound S and radius as ``_fused.widen_float32`` does, decide the rounding to ``fmt``
     of the values in ``hi +- rad`` as ``_fused.decide_narrow`` does, and judge each element with
@@ -170,7 +170,8 @@ def decide_and_judge(fmt: Any, product: Any, bound: tuple[float, float, float, f
     (hi and the float64 fields float64, P float32, the marks' fields bool), or ``fmt`` one that
     :func:`_fused.decides` does not cover."""
     hi, P = product.hi, product.P
-    if not _fused.decides(fmt) or not _fused._plain(hi) or not _fused._laid_out(P, hi.shape, np.float32):
+    laid_out = _fused._laid_out(hi, hi.shape, np.float64) and _fused.available() if small else _fused._plain(hi)
+    if not _fused.decides(fmt) or not laid_out or not _fused._laid_out(P, hi.shape, np.float32):
         return None
     fields = _fields(out, hi.shape)
     if fields is None:

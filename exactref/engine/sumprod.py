@@ -29,7 +29,8 @@ from ..rounding import enclosure_bounds, round_dyadic, round_dyadic_down_up, rou
 from . import decision, fast, products
 from .exact import exact_dot_rows, round_rows
 
-__all__ = ["MatmulTerm", "RowTerm", "Solution", "exact_values", "solve", "solve_in_blocks", "specials"]
+__all__ = ["MatmulTerm", "RowTerm", "Solution", "exact_values", "plain_narrow_product", "solve", "solve_in_blocks",
+           "specials"]
 
 # Sums longer than this take the BLAS path even when they come as rows.
 _SHORT_ROW = 8
@@ -374,7 +375,7 @@ def _solve_block(terms: list[Term], shape: tuple[int, ...], fmt: Format,
     """The block's Solution; ``place()``, called once its products are made, may return three
     C-contiguous float64 arrays of ``shape``, where its rounded values and bounds are then written
     (a result's own: see solve_in_blocks), and ``decide(product)`` decide them there (see there too)."""
-    product = _narrow_product(terms) if decide is not None and place is not None else None
+    product = plain_narrow_product(terms) if decide is not None and place is not None else None
     made = None
     if product is not None:
         into = place()
@@ -444,7 +445,7 @@ def _plain_narrow(terms: list[Term]) -> MatmulTerm | None:
     return t if ok else None
 
 
-def _narrow_product(terms: list[Term]) -> products.NarrowProduct | None:
+def plain_narrow_product(terms: list[Term]) -> products.NarrowProduct | None:
     """The BLAS products of a :func:`_plain_narrow` block, before its enclosure is made
     (solve_in_blocks's ``decide``)."""
     t = _plain_narrow(terms)

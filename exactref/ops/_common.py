@@ -27,7 +27,7 @@ from .._threads import own_threads, small
 from ..engine.decision import decide_one
 from ..engine.fast import Enclosure
 from ..engine.products import NarrowProduct
-from ..engine.sumprod import Solution, Term, exact_fraction, solve, solve_in_blocks, specials
+from ..engine.sumprod import Solution, Term, exact_fraction, plain_narrow_product, solve, solve_in_blocks, specials
 from ..formats import ComplexFormat, Format, part_of
 from ..models._error_model import ErrorModel
 from ..result import Gradients, Part, Result, judge, judge_one
@@ -196,6 +196,9 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
     if judged is not None:
         parts, specs_left = list(judged), []
     elif (len(specs) == 1 and specs[0].blockwise and specs[0].special_terms is None and via is None
+          and (small := _judged_at_once(specs[0], shape, pfmt)) is not None):
+        parts, specs_left = [small], []
+    elif (len(specs) == 1 and specs[0].blockwise and specs[0].special_terms is None and via is None
             and math.prod(shape) > _JUDGE_BLOCK):
         parts = [_solve_judged(specs[0], shape, pfmt)]
         specs_left: list[PartSpec] = []
@@ -263,6 +266,33 @@ def one_part(enc: Enclosure, fmt: Format, bound: Callable[[float], tuple[float, 
     lo, hi, tol = ends
     floats = (np.array(v, dtype=np.float64) for v in (rounded, x_lo, x_hi, lo, hi))
     return Part(*floats, np.array(False), np.array(False), np.array(tol, dtype=np.float64))
+
+
+def _judged_at_once(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part | None:
+    """The Part of a real output of at most _JUDGE_BLOCK elements whose one term is a plain narrow
+    product (a float32 matmul's, or a gradient's), whose tolerance is the bound for any order
+    alone, and without special values: decided, given its tolerance and judged from its BLAS
+    products in one call of exactref/_fused_judge.py's loop, the one that judges a large output's
+    blocks (_solve_judged), with the same values as the numpy steps, bit for bit.  None where that
+    does not apply, or where an element is left undecided (the exact path's, as the numpy steps
+    take it) or its bits to the numpy code: build's steps then make the Part.
+
+    Why: a small output pays each numpy call's fixed cost, about thirty of them from the products
+    to the judgement.  Small float32 matmuls (sides 1 to 8, forward, backward and covers:
+    benchmarks/bench_matmul.py's cases) took 254 us a case against 398 (medians of ten rounds of
+    their 200 cases, in turn in one process).  Such ops now load numba, once per process.
+    """
+    bound = getattr(ps.tolerance, "scaled_bound", None)
+    if bound is None or math.prod(shape) > _JUDGE_BLOCK:
+        return None
+    product = plain_narrow_product(ps.terms)
+    if product is None:
+        return None
+    out = {name: np.empty(shape, dtype) for name, dtype in _PART_DTYPES.items()}
+    made = _fused_judge.decide_and_judge(fmt, product, bound, out, small=True)
+    if made is None or not made[1].all():
+        return None
+    return Part(**out)
 
 
 def _solve_judged(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part:

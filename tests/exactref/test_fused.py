@@ -445,16 +445,18 @@ def test_a_result_keeps_no_magnitudes_of_its_operands(monkeypatch) -> None:
     assert res.exact((0, 0)) is not None
 
 
-def test_a_small_block_never_asks_for_numba(monkeypatch) -> None:
-    def unavailable() -> bool:
-        raise AssertionError("numba asked for on a small block")
-    monkeypatch.setattr(_fused, "available", unavailable)
+def test_a_small_block_never_asks_for_numba_but_a_small_products_judgement_does(monkeypatch) -> None:
+    asked: list[int] = []
+    monkeypatch.setattr(_fused, "available", lambda: asked.append(1) or False)
     small = np.ones(_fused.MIN_SIZE - 1)
     assert _fused.decide_float64(small, small, small) is None
     assert _fused.decide_narrow(small, small, F32) is None
     assert _fused.scaled_bound(small, 1.0, 0.0, 1.0, 1.0) is None
+    assert not asked
+    # A small output of one narrow product is judged by one call of a loop (ops._common's
+    # _judged_at_once), which asks; without numba, the numpy steps judge it.
     res = er.matmul(er.asarray(np.ones((8, 8)), "float32"), er.asarray(np.ones((8, 8)), "float32"))
-    assert (res.rounded == 8).all()
+    assert (res.rounded == 8).all() and asked
 
 
 def test_without_numba_the_numpy_code_runs(monkeypatch) -> None:

@@ -85,10 +85,12 @@ def _declining(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_one_part_gives_builds_values_where_it_takes_the_sum(monkeypatch: pytest.MonkeyPatch, name: str,
                                                              x: np.ndarray, kwargs: dict, takes: bool) -> None:
     real = reduction.one_part
-    taken: list[bool] = []
-    monkeypatch.setattr(reduction, "one_part", lambda *a: taken.append((p := real(*a)) is not None) or p)
+    made: list[object] = []
+    monkeypatch.setattr(reduction, "one_part", lambda *a: made.append(real(*a)) or made[-1])
     fast = er.sum(x, **kwargs)
-    assert taken == [takes]
+    assert [p is not None for p in made] == [takes]
+    if takes:  # the Result holds the Part one_part made
+        assert fast._parts[0] is made[0]
     _declining(monkeypatch)
     slow = er.sum(x, **kwargs)
     for name_ in _FIELDS:
