@@ -5,7 +5,8 @@ where an enclosure straddles a rounding boundary, none is made:
 
 * :func:`decide_narrow`: both ends of [low, high] rounded to a format of at
   most 51 bits, decided where they agree (:func:`bounds_lo_zero` gives the
-  ends of an enclosure whose low part is +0, in fewer numpy calls);
+  ends of an enclosure whose low part is +0, in fewer numpy calls;
+  :func:`decide_one`, one float32 value's ends and decision on Python floats);
 * :func:`decide_float64`: the rounding to float64 of ``hi + lo +- rad``, with
   the float64 neighbours of the exact value as bounds, by the exponent bits
   in the common case and by nextafter (:func:`decide_float64_general`, the
@@ -24,11 +25,21 @@ import numpy as np
 
 from .. import _fused, _fused_refine
 from ..formats import Format
-from ..rounding import _ABS, _REL, _slack_into, cast_is_faster, decide, enclosure_bounds, next_down, next_up, round_float64
+from ..rounding import (
+    _ABS,
+    _REL,
+    _slack_into,
+    cast_is_faster,
+    decide,
+    enclosure_bounds,
+    next_down,
+    next_up,
+    round_float64,
+)
 from . import fast
 
-__all__ = ["bounds_lo_zero", "decide_float64", "decide_float64_general", "decide_narrow", "decide_one", "decide_refined",
-           "grid", "refine", "refine_numpy"]
+__all__ = ["bounds_lo_zero", "decide_float64", "decide_float64_general", "decide_narrow", "decide_one",
+           "decide_refined", "grid", "refine", "refine_numpy"]
 
 
 def bounds_lo_zero(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
