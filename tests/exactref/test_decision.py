@@ -5,7 +5,10 @@
   Fractions rounded by tests/exactref/oracle.py;
 * decide_float64 (no nextafter) against decide_float64_general, the nextafter definition, bit for
   bit, on enclosures at and around every threshold (half gaps, gaps, powers of two, the edges of the
-  common range).
+  common range);
+* decide_one (one float32 value on Python floats) against enclosure_bounds and decide_narrow, bit
+  for bit, on enclosures around float32's rounding boundaries, or declining what they leave
+  undecided.
 
 (The decisions' compiled forms are held to these in test_fused.py, test_fused_refine.py and
 test_fused_judge.py; decide_narrow's roundings to formats whose cast rounds, in test_rounding.py.)
@@ -24,6 +27,7 @@ from hypothesis.extra import numpy as hnp
 
 from exactref.engine import decision, fast
 from exactref.formats import FORMATS
+from exactref.rounding import enclosure_bounds
 
 from .oracle import bits_equal, round_fraction
 from .test_engine import wide_floats
@@ -138,8 +142,9 @@ F32 = FORMATS["float32"]
 @st.composite
 def float32_enclosures(draw: st.DrawFn) -> tuple[float, float, float]:
     """``(hi, lo, rad)`` around float32's rounding boundaries: hi a float32 value, or the midpoint
-    of two, moved by a few float64 ulps; lo within one of hi's ulps; rad from 0 to a few float32
-    ulps.  Zeros, subnormals and values near float32's largest among them."""
+    of two, moved by a few float64 ulps; lo within one of hi's ulps (one time in ten, any float);
+    rad from 0 to a few float32 ulps.  Zeros, subnormals and values near float32's largest among
+    them."""
     f = draw(st.floats(width=32, allow_nan=False, allow_infinity=False))
     with np.errstate(over="ignore"):  # (inf past the largest value)
         up_ = float(np.nextafter(np.float32(f), np.float32(np.inf)))
@@ -155,8 +160,6 @@ def float32_enclosures(draw: st.DrawFn) -> tuple[float, float, float]:
 
 def _numpy_decision(hi: float, lo: float, rad: float) -> tuple[float, float, float, bool]:
     """What the engine gives the value (sumprod._decide for an enclosure whose lo is not marked zero)."""
-    from exactref.rounding import enclosure_bounds
-
     with np.errstate(over="ignore", invalid="ignore"):
         x_lo, x_hi = enclosure_bounds(np.array(hi), np.array(lo), np.array(rad))
         rounded, decided = decision.decide_narrow(x_lo, x_hi, F32)

@@ -1,4 +1,5 @@
-"""Result and Gradients: inputs covers() takes, what check() reports, exact values."""
+"""Result and Gradients: inputs covers() takes, what check() reports, exact values; judge_one against
+judge, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import exactref as er
+from exactref.formats import FORMATS
+from exactref.result import judge, judge_one
+
+from .oracle import bits_equal
 
 A = er.asarray([[1.0, 2.0], [3.0, 4.0]], "float32")
 B = er.asarray([[0.1], [0.2]], "float32")
@@ -140,9 +145,6 @@ def test_dlpack_objects_are_read_as_arrays():
 
 
 def _judge_numpy(x_lo: float, x_hi: float, E: float) -> tuple[float, float, float]:
-    from exactref.formats import FORMATS
-    from exactref.result import judge
-
     rounded = float(np.float32(x_hi)) if abs(x_hi) <= 3e38 else x_hi
     with np.errstate(over="ignore", invalid="ignore"):
         part = judge(np.array(rounded), np.array(x_lo), np.array(x_hi), np.array(E), FORMATS["float32"])
@@ -153,11 +155,6 @@ def _judge_numpy(x_lo: float, x_hi: float, E: float) -> tuple[float, float, floa
 def _check_judge_one(x_lo: float, x_hi: float, E: float) -> bool:
     """judge_one's (lo, hi, tolerance) are judge's, bit for bit, or it declines an E that is not
     positive and finite, or ends past float32's largest value; returns whether it judged."""
-    from exactref.formats import FORMATS
-    from exactref.result import judge_one
-
-    from .oracle import bits_equal
-
     got = judge_one(x_lo, x_hi, E, FORMATS["float32"])
     if got is None:
         big = max(abs(x_lo), abs(x_hi)) + E > 3.4e38
