@@ -46,7 +46,6 @@ def _on_zeros(tail: list[float], n: int = _N) -> np.ndarray:
 _LARGE = np.nextafter(np.float32(np.finfo(np.float32).max / _N), np.float32(0))
 
 
-
 def _cancelling_large() -> np.ndarray:
     """Pairs +-_LARGE and 2**110: S near float32's largest value (so the tolerance says an overflow
     is possible), but the sum 2**110, decided, and its interval's ends well inside the range."""
