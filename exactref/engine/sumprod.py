@@ -29,8 +29,8 @@ from ..rounding import enclosure_bounds, round_dyadic, round_dyadic_down_up, rou
 from . import decision, fast, products
 from .exact import exact_dot_rows, round_rows
 
-__all__ = ["MatmulTerm", "RowTerm", "Solution", "exact_values", "plain_narrow_product", "solve", "solve_in_blocks",
-           "specials"]
+__all__ = ["MatmulTerm", "RowTerm", "Solution", "exact_values", "plain_narrow_product", "release_terms", "solve",
+           "solve_in_blocks", "specials"]
 
 # Sums longer than this take the BLAS path even when they come as rows.
 _SHORT_ROW = 8
@@ -280,7 +280,7 @@ def solve(terms: list[Term], shape: tuple[int, ...], fmt: Format) -> Solution:
         try:
             return _solve_block(terms, shape, fmt)
         finally:
-            _release(terms)
+            release_terms(terms)
     arrays = [np.empty(shape) for _ in range(4)]  # the output's, which the blocks fill in
     undecided: list[int] = []  # appends are atomic: the order does not matter
 
@@ -338,10 +338,10 @@ def _blocks(terms: list[Term], shape: tuple[int, ...], fmt: Format,
         # The blocks are independent: side by side on the op's threads (exactref/_parallel.py).
         for_each_slice(block, shape[axis], step)
     finally:
-        _release(terms)
+        release_terms(terms)
 
 
-def _release(terms: list[Term]) -> None:
+def release_terms(terms: list[Term]) -> None:
     """Drop B's prepared slices and the operands' magnitudes: they are needed no more (the exact
     values use A and B alone), and a result keeps its terms."""
     for t in terms:

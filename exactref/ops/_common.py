@@ -27,7 +27,16 @@ from .._threads import own_threads, small
 from ..engine.decision import decide_one
 from ..engine.fast import Enclosure
 from ..engine.products import NarrowProduct
-from ..engine.sumprod import Solution, Term, exact_fraction, plain_narrow_product, solve, solve_in_blocks, specials
+from ..engine.sumprod import (
+    Solution,
+    Term,
+    exact_fraction,
+    plain_narrow_product,
+    release_terms,
+    solve,
+    solve_in_blocks,
+    specials,
+)
 from ..formats import ComplexFormat, Format, part_of
 from ..models._error_model import ErrorModel
 from ..result import Gradients, Part, Result, judge, judge_one
@@ -269,9 +278,9 @@ def one_part(enc: Enclosure, fmt: Format, bound: Callable[[float], tuple[float, 
 
 
 def _judged_at_once(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part | None:
-    """The Part of a real output of at most _JUDGE_BLOCK elements whose one term is a plain narrow
-    product (a float32 matmul's, or a gradient's), whose tolerance is the bound for any order
-    alone, and without special values: decided, given its tolerance and judged from its BLAS
+    """The Part of a real output of fewer than _fused.MIN_SIZE elements whose one term is a plain
+    narrow product (a float32 matmul's, or a gradient's), whose tolerance is the bound for any
+    order alone, and without special values: decided, given its tolerance and judged from its BLAS
     products in one call of exactref/_fused_judge.py's loop, the one that judges a large output's
     blocks (_solve_judged), with the same values as the numpy steps, bit for bit.  None where that
     does not apply, or where an element is left undecided (the exact path's, as the numpy steps
@@ -280,10 +289,13 @@ def _judged_at_once(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part |
     Why: a small output pays each numpy call's fixed cost, about thirty of them from the products
     to the judgement.  Small float32 matmuls (sides 1 to 8, forward, backward and covers:
     benchmarks/bench_matmul.py's cases) took 254 us a case against 398 (medians of ten rounds of
-    their 200 cases, in turn in one process).  Such ops now load numba, once per process.
+    their 200 cases, in turn in one process).  Such ops now load numba, once per process.  Not
+    past MIN_SIZE, where the compiled loops take over anyway: there an output usually has an
+    undecided element or two (about 1 in 10**4 of a standard normal 256**3 product's), and making
+    the products twice cost a float32 256**3 matmul 4.95 ms against 3.55.
     """
     bound = getattr(ps.tolerance, "scaled_bound", None)
-    if bound is None or math.prod(shape) > _JUDGE_BLOCK:
+    if bound is None or math.prod(shape) >= _fused.MIN_SIZE:
         return None
     product = plain_narrow_product(ps.terms)
     if product is None:
@@ -291,7 +303,8 @@ def _judged_at_once(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part |
     out = {name: np.empty(shape, dtype) for name, dtype in _PART_DTYPES.items()}
     made = _fused_judge.decide_and_judge(fmt, product, bound, out, small=True)
     if made is None or not made[1].all():
-        return None
+        return None  # (build's steps use the B it prepared, and then drop it)
+    release_terms(ps.terms)  # as solve does: the Result keeps its terms, not B's slices or magnitudes
     return Part(**out)
 
 

@@ -4,16 +4,20 @@ tolerance and judged by one call of exactref/_fused_judge.py's loop.
 Each op below is made twice, with _judged_at_once and with it declining every call (build's numpy
 steps then make the Part): every field of every Result's Part is the same, bit for bit, forward and
 backward.  It takes the plain products and declines the rest (an element left undecided, special
-values, a tolerance that is not the bound for any order alone), as listed; and the rounded values
-are the exact ones, by Fractions (tests/exactref/oracle.py).
+values, a tolerance that is not the bound for any order alone, outputs of _fused.MIN_SIZE elements
+or more), as listed; the rounded values are the exact ones, by Fractions (tests/exactref/oracle.py);
+and what it judged keeps no preparation of B.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 
 import exactref as er
+from exactref import _fused
 from exactref.ops import _common
 
 from . import oracle
@@ -103,3 +107,22 @@ def test_special_values_and_other_tolerances_never_take_it(monkeypatch: pytest.M
     real = _common._judged_at_once
     monkeypatch.setattr(_common, "_judged_at_once", lambda *a: made.append(real(*a)) or made[-1])
     assert er.matmul(A, B)._parts[0] is made[0] is not None
+
+
+def test_it_takes_outputs_below_the_loops_size_and_leaves_no_preparation_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    side = math.isqrt(_fused.MIN_SIZE)
+    rng = np.random.default_rng(5)
+    # (Positive integers: every element exact, and so decided, at both sizes.)
+    B = er.asarray(rng.integers(1, 5, (side, side)), "float32")
+    seen: list[object] = []
+    real = _common.plain_narrow_product
+    monkeypatch.setattr(_common, "plain_narrow_product", lambda terms: seen.append(terms[0]) or real(terms))
+    for rows, takes in ((side - 1, True), (side, False)):  # (past it, the compiled loops' own blocks)
+        A = er.asarray(rng.integers(1, 5, (rows, side)), "float32")
+        results, taken = _both_ways(monkeypatch, lambda: [er.matmul(A, B)])
+        assert taken == [takes]
+    # The term of the output it judged keeps neither B's preparation nor the operands' magnitudes
+    # (engine.sumprod.release_terms, as solve does).
+    (term,) = seen[:1]
+    assert term.right is None and term.abs_A is None and term.abs_B is None
