@@ -291,8 +291,8 @@ def _judged_at_once(ps: PartSpec, shape: tuple[int, ...], fmt: Format) -> Part |
     benchmarks/bench_matmul.py's cases) took 254 us a case against 398 (medians of ten rounds of
     their 200 cases, in turn in one process).  Such ops now load numba, once per process.  Not
     past MIN_SIZE, where the compiled loops take over anyway: there an output usually has an
-    undecided element or two (about 1 in 10**4 of a standard normal 256**3 product's), and making
-    the products twice cost a float32 256**3 matmul 4.95 ms against 3.55.
+    undecided element or two (a standard normal float32 512**3 product left 17 to 32 of each block
+    of 131072), and making the products twice cost a float32 256**3 matmul 4.95 ms against 3.55.
     """
     bound = getattr(ps.tolerance, "scaled_bound", None)
     if bound is None or math.prod(shape) >= _fused.MIN_SIZE:
