@@ -98,14 +98,16 @@ def below(v: np.ndarray, scale: np.ndarray | float = 0.0) -> np.ndarray:
 
     ``v`` must come from a few float64 operations whose operands are at most
     ``max(|v|, scale)`` in magnitude; their roundings are paid for by a
-    relative slack of 2**-50 of that magnitude.  Cheaper than nextafter.
+    relative slack of 2**-50 of that magnitude.  Cheaper than nextafter.  ``v`` and ``scale`` may
+    be Python floats too (the same operations, without numpy's per-call cost: the one-value
+    decisions of engine.decision.decide_one and result.judge_one).
     """
-    return v - ((np.abs(v) + scale) * _REL + _ABS)
+    return v - ((abs(v) + scale) * _REL + _ABS)  # (abs: np.absolute for an array)
 
 
 def above(v: np.ndarray, scale: np.ndarray | float = 0.0) -> np.ndarray:
     """The upper-bound twin of :func:`below`."""
-    return v + ((np.abs(v) + scale) * _REL + _ABS)
+    return v + ((abs(v) + scale) * _REL + _ABS)
 
 
 def _slack_into(v: np.ndarray, scale: np.ndarray | float, out: np.ndarray) -> np.ndarray:
@@ -130,7 +132,7 @@ def enclosure_bounds(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray, *,
         if tight:
             return next_down(hi + next_down(lo - rad)), next_up(hi + next_up(lo + rad))
         t_low, t_high = lo - rad, lo + rad
-        scale = np.abs(lo) + rad
+        scale = abs(lo) + rad  # (np.absolute for an array; Python floats too, as in below)
         return below(hi + t_low, scale), above(hi + t_high, scale)
 
 

@@ -26,8 +26,6 @@ import numpy as np
 from .. import _fused, _fused_refine
 from ..formats import Format
 from ..rounding import (
-    _ABS,
-    _REL,
     _slack_into,
     cast_is_faster,
     decide,
@@ -64,9 +62,9 @@ def bounds_lo_zero(hi: np.ndarray, rad: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def decide_one(hi: float, lo: float, rad: float, fmt: Format) -> tuple[float, float, float] | None:
     """``(rounded, x_lo, x_hi)`` of one value in ``hi + lo +- rad``, for a float32 output: what
-    :func:`~exactref.rounding.enclosure_bounds` and :func:`decide_narrow` give it, by the same IEEE
-    operations in the same order on Python floats, bit for bit, without the numpy calls' fixed
-    costs (which a full sum's one output pays after its long loop, its caches cold: see
+    :func:`~exactref.rounding.enclosure_bounds` and :func:`decide_narrow` give it, by the first
+    itself on Python floats and the second's comparison written out, bit for bit, without the
+    numpy calls' fixed costs (which a full sum's one output pays after its long loop, its caches cold: see
     ops/reduction.py).  None where those leave it undecided (a zero, an end on both sides of a
     rounding boundary), or where the ends are not finite or lie past float32's largest value
     (where the cast would overflow): the numpy code decides those.
@@ -76,12 +74,7 @@ def decide_one(hi: float, lo: float, rad: float, fmt: Format) -> tuple[float, fl
     bits."""
     if not _fused._rounds_by_cast(fmt):
         return None
-    t_low, t_high = lo - rad, lo + rad
-    scale = abs(lo) + rad
-    v = hi + t_low
-    low = v - ((abs(v) + scale) * _REL + _ABS)  # rounding.below
-    v = hi + t_high
-    high = v + ((abs(v) + scale) * _REL + _ABS)  # rounding.above
+    low, high = enclosure_bounds(hi, lo, rad)  # (on floats: Python's arithmetic, IEEE's)
     if not (low > 0 or high < 0) or not (abs(low) <= fmt.max_finite and abs(high) <= fmt.max_finite):
         return None  # (NaN fails both tests)
     r_high = float(np.float32(high))  # numpy's cast: round_float64's for float32

@@ -8,7 +8,7 @@ from fractions import Fraction
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import exactref as er
@@ -97,6 +97,18 @@ def test_enclosure_bounds_hold_the_enclosures_ends(tight, hi, lo, rad):
     low, high = rounding.enclosure_bounds(np.array([hi]), np.array([lo]), np.array([rad]), tight=tight)
     assert Fraction(float(low[0])) <= Fraction(hi) + Fraction(lo) - Fraction(rad)
     assert Fraction(float(high[0])) >= Fraction(hi) + Fraction(lo) + Fraction(rad)
+
+
+@example(hi=1.0, near=2.0 ** -30, rad=2.0 ** -60)  # lo - rad rounds by 2**-60, much more than |v| 2**-50
+@given(hi=st.floats(-1, 1), near=st.floats(-1, 1), rad=st.floats(0, 1e-9))
+def test_enclosure_bounds_hold_cancelling_ends_on_arrays_and_python_floats(hi, near, rad):
+    # lo about -hi: hi + lo is small, and the rounding of lo -+ rad is paid for by |lo| in the slack's
+    # scale.  Python floats (engine.decision.decide_one's) get the array's bounds, bit for bit.
+    lo = near - hi
+    exact = Fraction(hi) + Fraction(lo)
+    low, high = rounding.enclosure_bounds(np.array([hi]), np.array([lo]), np.array([rad]))
+    assert Fraction(float(low[0])) <= exact - Fraction(rad) and exact + Fraction(rad) <= Fraction(float(high[0]))
+    assert bits_equal(np.array(rounding.enclosure_bounds(hi, lo, rad)), np.array([low[0], high[0]]))
 
 
 @pytest.mark.parametrize("tight", [False, True])
