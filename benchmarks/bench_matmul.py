@@ -117,7 +117,7 @@ def floor_row(dtype: str, n: int, repeat: int) -> str:
     A float32 or narrower matmul makes one float64 product and one float32
     product (of |A| and |B|, for the bound); a float64 one makes six float64
     products of slices (exactref/engine/products.py), four where K is at most
-    512, and the float32 one.  What the engine does besides costs the
+    1024, and the float32 one.  What the engine does besides costs the
     difference from the "exact" row.
     """
     from exactref.engine.products import _QUICK_MAX_K

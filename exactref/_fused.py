@@ -86,6 +86,7 @@ _ROUND_BITS: Any = None
 _SLACKENED: Any = None
 _FINISH: Any = None
 _GAPS: Any = None
+_TWO_PROD: Any = None
 
 
 def _plain(*arrays: Any, dtype: Any = np.float64) -> bool:
@@ -455,6 +456,33 @@ def _bitcasts() -> tuple[Callable[..., Any], Callable[..., Any]]:
     global _BITS, _FROM_BITS
     _BITS, _FROM_BITS = bits, from_bits
     return bits, from_bits
+
+
+@functools.lru_cache(maxsize=1)
+def _two_prod() -> Callable[..., tuple[float, float, bool]]:
+    """A jitted engine.fast.two_prod of two float64 values: ``(p, e, safe)``, p = a b, and its error e
+    by Dekker's steps (no fused multiply-add), 0 where it is not safe (a split that could
+    overflow, an error that could fall below the normal range)."""
+    from .engine.fast import _PRODUCT_MIN, _SPLIT_MAX, _SPLITTER
+
+    splitter, split_max, product_min = float(_SPLITTER), float(_SPLIT_MAX), float(_PRODUCT_MIN)
+
+    @_jit()
+    def two_prod(a, b):
+        p = a * b
+        c = splitter * a
+        ah = c - (c - a)
+        al = a - ah
+        c = splitter * b
+        bh = c - (c - b)
+        bl = b - bh
+        e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+        safe = (abs(a) < split_max) & (abs(b) < split_max) & ((abs(p) >= product_min) | (a == 0.0) | (b == 0.0))
+        return p, (e if safe else 0.0), safe
+
+    global _TWO_PROD
+    _TWO_PROD = two_prod
+    return two_prod
 
 
 @functools.lru_cache(maxsize=1)

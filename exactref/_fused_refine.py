@@ -1,5 +1,6 @@
-"""A compiled loop for the exact path's first try: engine.fast.extract_sum and the decision of
-engine.decision.decide_refined, row by row, in one pass over the pieces (numba).
+"""Compiled loops for the exact path's first try: engine.fast.extract_sum and the decision of
+engine.decision.decide_refined, row by row, in one pass over the pieces, and a second extraction
+where the first does not decide; and the gathering of a 2-D product's pieces (numba).
 
 Why: the exact path gathers, for each element that the products left undecided, the float64
 pieces whose sum is its exact value, and decides most of them by one error-free extraction
@@ -12,10 +13,15 @@ The enclosure is extract_sum's, with the same sigma and the same bound rad; only
 which the float64 sum ``lo`` of the extraction's remainders is made differs (four partial sums,
 so that the additions overlap), and that bound holds for a sum in any order.  Where the loop
 decides a row, its rounding and float64 bounds are the exact value's, as the numpy code's are:
-the same values.  A row it leaves (a row of zeros, a sigma out of range, an enclosure that does
-not decide, a rounding outside the bit trick's range) goes to the numpy code as before
-(engine.decision.refine).  Like exactref/_fused.py's loops: IEEE arithmetic without fast-math,
-the GIL released, the machine code kept on disk, and helpers named as globals of this module.
+the same values.  A row the first extraction leaves is extracted again from its remainders
+(``second``; its bound is derived in docs/guarantees-and-limits.md), and where either's sum is
+exact, a float64 output's tie goes to even: rows the numpy code leaves to math.fsum, as it does
+the sums of float32 values that lie on a float64 or halfway between two (a float64 1024**3
+matmul of float32 values, by the products' quick cut, has hundreds a block).  A row it leaves
+(a row of zeros, a sigma out of range, enclosures that do not decide, a rounding outside the bit
+trick's range) goes to the numpy code as before (engine.decision.refine).  Like
+exactref/_fused.py's loops: IEEE arithmetic without fast-math, the GIL released, the machine
+code kept on disk, and helpers named as globals of this module.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import numpy as np
 
 from . import _fused
 
-__all__ = ["extract_decide", "gather_products"]
+__all__ = ["extract_decide", "gather_products", "gather_two_products"]
 
 # The compiled helpers the loop calls, set when it is first built, named as globals (see _fused._BITS).
 _BITS: Any = None
@@ -38,11 +44,14 @@ _ROUNDED: Any = None
 _DECIDE: Any = None
 _GRID: Any = None
 _GAPS: Any = None
+_SECOND: Any = None
+_TWO_PROD: Any = None
+_TWO_ROW: Any = None
 
 
 @functools.lru_cache(maxsize=1)
 def _loop() -> Callable[..., None]:
-    global _ROUND_BITS, _BITS, _ROUNDED, _DECIDE, _GRID, _GAPS
+    global _ROUND_BITS, _BITS, _ROUNDED, _DECIDE, _GRID, _GAPS, _SECOND
     _BITS = _fused._bitcasts()[0]
     _ROUND_BITS = _fused._round_bits()
     _GAPS = _fused._gaps()
@@ -84,6 +93,10 @@ def _loop() -> Callable[..., None]:
             half = (gap_up if above else -gap_down) / 2
             to_lo = upper < half
             to_hi = lower > half
+            if rad == 0 and e == half:
+                # exact = s + e exactly, on the midpoint: a tie, to the even one of x_lo and x_hi.
+                to_lo = (_BITS(xl) & 1) == 0
+                to_hi = not to_lo
             return (to_lo | to_hi) & (abs(s) >= tiny_normal), xl if to_lo else xh, xl, xh
         # Round to odd at 53 bits, then to nearest at p bits (Boldo and Melquiond).
         v, outside = _ROUNDED(xl if _BITS(xl) & 1 else xh, mode, f)
@@ -105,6 +118,60 @@ def _loop() -> Callable[..., None]:
         return g if g < inf else 0.0
 
     _DECIDE, _GRID = decide, grid
+
+    @jit
+    def second(P, i, sigma, tau, g, kmin, kmax, levels, c, up_rel, up_abs, mode, f):
+        # A second extraction, from the remainders r = p - q of the first (sigma's), recomputed
+        # exactly: tau (the first's exact sum of the q) + tau2 + the sum of the new remainders is
+        # the exact row sum; (decided, value, x_lo, x_hi) as decide returns them.
+        n = P.shape[1]
+        M = 0.0
+        for j in range(n):
+            x = P[i, j]
+            a = abs(x - ((x + sigma) - sigma))
+            M = a if a > M else M
+        k = math.frexp(M)[1] + levels  # (M is not 0: the first's bound would be below the grid)
+        if k < kmin or k > kmax:
+            return False, 0.0, 0.0, 0.0
+        sigma2 = math.ldexp(1.0, k)
+        t0 = t1 = 0.0
+        l0 = l1 = 0.0
+        j = 0
+        while j + 2 <= n:
+            x0 = P[i, j]
+            x1 = P[i, j + 1]
+            r0 = x0 - ((x0 + sigma) - sigma)
+            r1 = x1 - ((x1 + sigma) - sigma)
+            q0 = (r0 + sigma2) - sigma2
+            q1 = (r1 + sigma2) - sigma2
+            t0 += q0
+            t1 += q1
+            l0 += r0 - q0
+            l1 += r1 - q1
+            j += 2
+        if j < n:
+            x0 = P[i, j]
+            r0 = x0 - ((x0 + sigma) - sigma)
+            q0 = (r0 + sigma2) - sigma2
+            t0 += q0
+            l0 += r0 - q0
+        tau2 = t0 + t1  # exact, as the first extraction's sum of the q
+        lo2 = l0 + l1
+        rad = math.ldexp(c, k - 53) * up_rel + up_abs
+        if rad < g:
+            rad = 0.0  # its error, a multiple of the grid below it, is zero
+        # tau + tau2 = h + l and l + lo2 = t + e exactly (two-sums): the sum is h + t + e + (the
+        # error of lo2), so h + t is within |e| + rad of it.
+        h = tau + tau2
+        b = h - tau
+        l = (tau - (h - b)) + (tau2 - b)
+        t = l + lo2
+        b = t - l
+        e = (l - (t - b)) + (lo2 - b)
+        r = abs(e) if rad == 0.0 else (abs(e) + rad) * up_rel + up_abs
+        return _DECIDE(h, t, r, mode, f)
+
+    _SECOND = second
 
     @jit
     def loop(P, kmin, kmax, levels, c, up_rel, up_abs, mode, f, value, x_lo, x_hi, ok):
@@ -148,9 +215,13 @@ def _loop() -> Callable[..., None]:
             lo = (l0 + l1) + (l2 + l3)
             rad = math.ldexp(c, k - 53) * up_rel + up_abs
             done, v, xl, xh = _DECIDE(hi, lo, rad, mode, f)
-            if not done and rad < _GRID(P, i):
-                # The error, a multiple of the grid below it, is zero: hi + lo is the exact sum.
-                done, v, xl, xh = _DECIDE(hi, lo, 0.0, mode, f)
+            if not done:
+                g = _GRID(P, i)
+                if rad < g:
+                    # The error, a multiple of the grid below it, is zero: hi + lo is the exact sum.
+                    done, v, xl, xh = _DECIDE(hi, lo, 0.0, mode, f)
+                if not done:
+                    done, v, xl, xh = _SECOND(P, i, sigma, hi, g, kmin, kmax, levels, c, up_rel, up_abs, mode, f)
             if done:
                 value[i] = v
                 x_lo[i] = xl
@@ -217,4 +288,77 @@ def gather_products(A: np.ndarray, B: np.ndarray, idx: np.ndarray) -> tuple[np.n
         return None
     P, safe = np.empty((idx.size, K)), np.empty(idx.size, dtype=bool)
     _gather_loop()(A, B, idx.astype(np.int64, copy=False), B.shape[1], P, safe)
+    return P, safe
+
+
+
+@functools.lru_cache(maxsize=1)
+def _gather_two_loops() -> tuple[Callable[..., None], Callable[..., None]]:
+    """The two-product gather reading B's columns from B itself, and from its transpose."""
+    global _TWO_ROW, _TWO_PROD
+    _TWO_PROD = _fused._two_prod()
+    jit = _fused._jit()
+
+    @jit
+    def two_row(a_row, b_col, p_row):
+        # The products p = a_row[k] * b_col[k] in p_row's first K places and their errors e in the
+        # next K, by engine.fast.two_prod (e 0 where it is not safe); returns whether every e is
+        # safe and every piece finite.
+        K = a_row.size
+        ok = True
+        for k in range(K):
+            p, e, safe = _TWO_PROD(a_row[k], b_col[k])
+            p_row[k] = p
+            p_row[K + k] = e
+            ok &= safe & ((p - p) == 0.0) & ((e - e) == 0.0)  # ((x - x) is 0 for a finite x, NaN else)
+        return ok
+
+    _TWO_ROW = two_row
+
+    @jit
+    def from_columns(A, B, idx, N, P, safe):
+        # Element idx[r] = i N + j from row i of A and column j of B.
+        for r in range(P.shape[0]):
+            i = idx[r] // N
+            j = idx[r] - i * N
+            safe[r] = _TWO_ROW(A[i], B[:, j], P[r])
+
+    @jit
+    def from_transpose(A, BT, idx, N, P, safe):
+        # The same, column j of B read as row j of its transpose.
+        for r in range(P.shape[0]):
+            i = idx[r] // N
+            j = idx[r] - i * N
+            safe[r] = _TWO_ROW(A[i], BT[j], P[r])
+
+    return from_columns, from_transpose
+
+
+def gather_two_products(A: np.ndarray, B: np.ndarray, idx: np.ndarray,
+                        BT: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The exact path's pieces of the elements ``idx`` (flat indices) of ``A @ B`` for 2-D float64 A
+    and B of any values: row r holds the K products of element idx[r] and then their K errors, by
+    engine.fast.two_prod, and ``safe[r]`` whether every error is exact and every piece finite;
+    engine.sumprod's gather and two_prod by numpy give the same values.  ``BT``, B's transpose,
+    C-contiguous, where one was made: the columns are read from it, as from an F-contiguous B's
+    own transpose (a gradient's B).  None where the loop does not apply (numba missing, few
+    products, A not C-contiguous float64, B neither C- nor F-contiguous float64 without BT)."""
+    K = A.shape[-1]
+    if A.ndim != 2 or B.ndim != 2 or not _fused.usable(idx.size * K):
+        return None
+    if not all(type(a) is np.ndarray and a.dtype == np.float64 for a in (A, B)) or not A.flags.c_contiguous:
+        return None
+    if BT is None and B.flags.f_contiguous:
+        BT = B.T  # (a gradient's B, the transpose of a C-contiguous array)
+    if BT is None or not _fused._laid_out(BT, B.shape[::-1], np.float64):
+        BT = None
+        if not B.flags.c_contiguous:
+            return None
+    P, safe = np.empty((idx.size, 2 * K)), np.empty(idx.size, dtype=bool)
+    from_columns, from_transpose = _gather_two_loops()
+    idx = idx.astype(np.int64, copy=False)
+    if BT is not None:
+        from_transpose(A, BT, idx, B.shape[1], P, safe)
+    else:
+        from_columns(A, B, idx, B.shape[1], P, safe)
     return P, safe

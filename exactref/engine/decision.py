@@ -239,8 +239,9 @@ def refine(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarray, np.
     correct rounding: exactly what the exact path gives.  Elsewhere the
     values are garbage.
     """
-    # The extraction and its decision by one compiled loop where it applies (exactref/_fused_refine.py);
-    # the rows it leaves, by the numpy code.
+    # The extraction and its decision by one compiled loop where it applies, which extracts again
+    # where that does not decide and rounds exact float64 ties (exactref/_fused_refine.py); the
+    # rows it leaves, by the numpy code.
     n = pieces.shape[1] if pieces.ndim == 2 else 0
     fused = _fused_refine.extract_decide(pieces, fmt, kmin=fast._EXTRACT_MIN_K, kmax=fast._EXTRACT_MAX_K,
                                          c=n * fast.gamma(max(n - 1, 0), fast.U64),
@@ -260,9 +261,11 @@ def refine_numpy(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarra
     value, x_lo, x_hi = np.zeros(count), np.zeros(count), np.zeros(count)
     ok = np.zeros(count, dtype=bool)
     rest = np.arange(count)
-    # One error-free extraction decides nearly every row in a ninth of the tree sum's passes; the
-    # tree sum is the tighter for long rows (its bound grows as log n, the extraction's as n**3).
-    for enclose in (fast.extract_sum, fast.tree_sum):
+    # One error-free extraction decides nearly every row in a ninth of the tree sum's passes; a
+    # second, from its remainders, most of the rest (sums that lie on a float64, or halfway between
+    # two, among them); the tree sum is the tighter for long rows (its bound grows as log n, the
+    # extraction's as n**3).
+    for enclose in (fast.extract_sum, extract_twice, fast.tree_sum):
         part = pieces if rest.size == count else pieces[rest]
         hi, lo, rad = enclose(part)
         v, a, b, done = decide_refined(hi, lo, rad, fmt)
@@ -276,6 +279,27 @@ def refine_numpy(pieces: np.ndarray, fmt: Format) -> tuple[np.ndarray, np.ndarra
         if not rest.size:
             break
     return value, x_lo, x_hi, ok
+
+
+def extract_twice(P: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``hi + lo +- rad`` enclosing each row sum of finite float64 ``P`` (rows, n) by two error-free
+    extractions: :func:`fast.extract_sum`'s, and the same again on its remainders r = p - q.
+
+    The first's sum tau of the q is exact, and so is the second's, tau2; the exact row sum is tau +
+    tau2 + the sum of the second's remainders, whose float64 sum lo2 errs by at most the second's
+    bound rad2.  With tau + tau2 = h + l and l + lo2 = t + e by two-sums, h + t lies within |e| +
+    rad2 of the exact sum.  (Where that is below the grid of P, the error is zero: refine's grid
+    step.)  A row with no sigma at either step gets rad = inf.  exactref/_fused_refine.py's loop
+    makes the same enclosure; the derivation is in docs/guarantees-and-limits.md.
+    """
+    tau, _, rad1, r = fast.extract_sum(P, remainders=True)
+    tau2, lo2, rad2 = fast.extract_sum(r)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h, l = fast.two_sum(tau, tau2)
+        t, e = fast.two_sum(l, lo2)
+        rad = fast.up(np.abs(e) + rad2)
+    bad = ~(rad1 < np.inf) | ~(rad < np.inf)
+    return np.where(bad, 0.0, h), np.where(bad, 0.0, t), np.where(bad, np.inf, rad)
 
 
 def decide_refined(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray,
@@ -297,6 +321,10 @@ def decide_refined(hi: np.ndarray, lo: np.ndarray, rad: np.ndarray,
             # Half a gap is exact away from the subnormals.
             half = np.where(above, gap_up, -gap_down) / 2
             to_lo, to_hi = upper < half, lower > half
+            # exact = s + e exactly, on the midpoint: a tie, to the even one of x_lo and x_hi.
+            tie = (rad == 0) & (e == half)
+            even = (x_lo.view(np.int64) & 1) == 0
+            to_lo, to_hi = np.where(tie, even, to_lo), np.where(tie, ~even, to_hi)
             ok &= (to_lo | to_hi) & (np.abs(s) >= 2.0 ** -1021)
             value = np.where(to_lo, x_lo, x_hi)
         else:

@@ -212,7 +212,7 @@ _EXTRACT_MIN_K, _EXTRACT_MAX_K = -1000, 1023
 _EXTRACT_CHUNK = 1 << 17  # values per pass: two temporaries of 1 MiB (the fastest here)
 
 
-def extract_sum(P: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def extract_sum(P: np.ndarray, *, remainders: bool = False) -> tuple[np.ndarray, ...]:
     """``hi + lo +- rad`` enclosing each row sum of finite float64 ``P`` (rows, n), by one error-free
     extraction (Rump, Ogita and Oishi's ExtractVector): about ten passes over P, where
     :func:`tree_sum` makes about ninety.
@@ -227,19 +227,20 @@ def extract_sum(P: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     representable, so ``hi = sum(q)`` is exact.  ``lo``, the float64 sum of
     the r in any order, errs by at most gamma_{n-1} sum|r| <=
     gamma_{n-1} n 2**(k - 53) = rad, about n**3 2**-106 M.  A row of zeros,
-    or whose sigma would leave [2**-1000, 2**1023], gets rad = inf.
+    or whose sigma would leave [2**-1000, 2**1023], gets rad = inf.  With ``remainders``, the r
+    (rows, n) come fourth (engine.decision.extract_twice extracts again from them).
     """
     rows, n = P.shape
     hi, lo, k = np.zeros(rows), np.zeros(rows), np.zeros(rows, dtype=np.int64)
     if n == 0:
-        return hi, lo, np.full(rows, np.inf)
+        return (hi, lo, np.full(rows, np.inf)) + ((np.zeros((rows, 0)),) if remainders else ())
     # A few rows at a time, so that the two temporaries stay in cache.
     step = max(1, _EXTRACT_CHUNK // n)
-    buf, rest = np.empty((min(step, rows), n)), np.empty((min(step, rows), n))
+    buf, rest = np.empty((min(step, rows), n)), np.empty((rows if remainders else min(step, rows), n))
     with np.errstate(over="ignore", invalid="ignore"):
         for start in range(0, rows, step):
             p = P[start:start + step]
-            t, r = buf[:p.shape[0]], rest[:p.shape[0]]
+            t, r = buf[:p.shape[0]], rest[start:start + step] if remainders else rest[:p.shape[0]]
             M = np.max(np.abs(p, out=t), axis=1)
             _, e = np.frexp(M)  # M = f 2**e with 1/2 <= f < 1: M < 2**e
             kk = e + (2 * n - 1).bit_length()  # 2**k >= 2 n 2**e
@@ -254,7 +255,8 @@ def extract_sum(P: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             k[start:start + step] = kk
         ok = (k >= _EXTRACT_MIN_K) & (k <= _EXTRACT_MAX_K)
         rad = up(np.ldexp(n * gamma(n - 1, U64), np.where(ok, k, 0) - 53))
-    return np.where(ok, hi, 0.0), np.where(ok, lo, 0.0), np.where(ok, rad, np.inf)
+    out = np.where(ok, hi, 0.0), np.where(ok, lo, 0.0), np.where(ok, rad, np.inf)
+    return out + ((rest,) if remainders else ())
 
 
 # Terms per block of a long sum (temporaries of 16 to 32 MiB), and terms per partial sum.

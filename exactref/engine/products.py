@@ -206,7 +206,7 @@ def one_slice_exponents(K: int, b_bits: int | None = None) -> tuple[int, int]:
 
 
 # The quick cut is taken for K up to this (see Right).
-_QUICK_MAX_K = 512
+_QUICK_MAX_K = 1024
 
 
 @dataclass
@@ -298,9 +298,15 @@ class Right:
     ``B0 + B1``, is about 2**(-2 beta_a) + 2**(-beta_b) of the result (2**-28
     at K = 512): four BLAS products instead of six.  On standard normal
     inputs that leaves about 0.07% of the float64 roundings undecided at
-    K = 512, 0.21% at 1024 and 0.82% at 2048.  Their exact path cost about
-    what the two products save at 1024 (436 against 446 ms of CPU time a
-    call) and far more at 2048 (4.8 s against 2.8): hence the limit.  The
+    K = 512, 0.21% at 1024 and 0.82% at 2048, and of float32 values widened
+    about 0.3% at 1024, many of them on a float64 or halfway between two,
+    which engine.decision.extract_twice decides.  A 1024**3 matmul took 147
+    against 193 ms with the compiled loops (exactref/_fused_refine.py), and
+    one of float32 values 159 against 191 ms; with numpy alone 173 against
+    192 ms, and 223 against 183 ms (medians of 7 and 5, in turn, on 2
+    cores).  At 2048 the blocks leave more than _REFINE_SHARE
+    (engine/sumprod.py) and make the six products too (2.1 to 2.4 s against
+    1.3 to 1.4 s): hence the limit.  The
     enclosure is looser, not less sure: its radius bounds the same kind of
     rest.  ``times(A, fine=True)`` gives the six products' enclosure (B's
     two slices made on first demand), for a block whose quick enclosure

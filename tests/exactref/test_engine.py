@@ -111,11 +111,11 @@ def test_sliced_product_takes_a_in_blocks_of_bounded_size_and_still_encloses(mon
 @pytest.mark.parametrize("seed", range(3))
 def test_sliced_product_takes_the_quick_cut_at_any_length_when_asked_and_still_encloses(seed):
     """matmul_sliced(quick=True) cuts B into one slice past _QUICK_MAX_K too (attention's P V at
-    1024 keys): the exact values (Fractions) lie in the enclosures, whose radius is about 2**-28
+    2048 keys): the exact values (Fractions) lie in the enclosures, whose radius is about 2**-28
     gamma_K of the rest's rank-one bounds (row sums of |A| times column maxima of |B|, and row maxima
     times column sums), and far above the six products' (the mutation: quick ignored)."""
     rng = np.random.default_rng(seed)
-    K = 1024
+    K = 2048
     assert K > products._QUICK_MAX_K
     # Weights of a softmax row (53-bit values spanning decades) against float32 values.
     A = rng.random((3, K)) * np.exp2(rng.integers(-40, 0, (3, K)))
@@ -548,3 +548,4 @@ def test_the_exact_paths_roundings_and_bounds_are_the_exact_values(dtype):
         if exact_path[i, j]:
             assert lo == round_fraction(exact, "float64") == hi if F(lo) == exact else \
                 (F(lo) < exact < F(hi) and np.nextafter(lo, np.inf) == hi)
+

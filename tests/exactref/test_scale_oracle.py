@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import exactref as er
-from exactref import _fused, _parallel
+from exactref import _fused, _fused_refine, _parallel
 from exactref import _pool as pool_module
 from exactref.engine import decision
 from exactref.engine import sumprod as sumprod_module
@@ -102,11 +102,12 @@ def test_float64_matmul_1024_against_fractions_with_planted_hard_cases():
         check_element(res, exact_dot(A[i], B[:, j]), (int(i), int(j)), "float64")
 
 
-def test_float64_matmul_512_with_the_quick_cut_against_fractions(monkeypatch):
-    """At K = 512 B is cut once (products.Right's quick cut, four products): every element its
-    enclosure leaves undecided, the planted hard cases and a sample are checked."""
+@pytest.mark.parametrize("n", [512, 1024])
+def test_float64_matmul_with_the_quick_cut_against_fractions(monkeypatch, n):
+    """At K = 512 and 1024 B is cut once (products.Right's quick cut, four products): the elements
+    its enclosure leaves undecided (every one at 512, 80 of them at 1024), the planted hard cases
+    and a sample are checked."""
     from exactref.engine import products
-    n = 512
     rng, A, B, planted = planted_normal(13, n)
     cuts: list[int] = []
     real_sliced = products.Right._sliced
@@ -124,6 +125,7 @@ def test_float64_matmul_512_with_the_quick_cut_against_fractions(monkeypatch):
     assert len(hard) >= 20 + len(planted), "the quick cut was meant to leave some elements undecided"
     for (i, j), (what, _, expected) in zip(planted, PLANTED):
         assert float(res.rounded[i, j]) == expected, what
+    hard = hard if n == 512 else hard[rng.choice(len(hard), 80, replace=False)]
     sample = [tuple(ij) for ij in hard] + list(zip(rng.integers(0, n, 30), rng.integers(0, n, 30)))
     for i, j in sample:
         check_element(res, exact_dot(A[i], B[:, j]), (int(i), int(j)), "float64")
@@ -181,10 +183,9 @@ PIECES_PLANTED = [
 ]
 
 
-def test_float64_matmul_of_float32_values_1024_rounds_ties_from_the_slice_products(monkeypatch):
-    # torch.randn(n, n).double() in a kernel's test: float32 values in float64.
-    rng = np.random.default_rng(21)
-    n = 1024
+def float32_values_with_planted_ties(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """Standard normal float32 values as float64 n x n A and B, with PIECES_PLANTED's rows and
+    columns planted; returns A, B and the planted elements' (i, j)."""
     A = rng.standard_normal((n, n)).astype(np.float32).astype(np.float64)
     B = rng.standard_normal((n, n)).astype(np.float32).astype(np.float64)
     where = []
@@ -194,6 +195,17 @@ def test_float64_matmul_of_float32_values_1024_rounds_ties_from_the_slice_produc
         A[i, :len(a)] = a
         B[:len(b), j] = b
         where.append((i, j))
+    return A, B, where
+
+
+def test_float64_matmul_of_float32_values_1024_rounds_ties_from_the_slice_products(monkeypatch):
+    # torch.randn(n, n).double() in a kernel's test: float32 values in float64.  With the six
+    # products, which a K past the quick cut's limit takes (the quick cut's test is below).
+    from exactref.engine import products
+    monkeypatch.setattr(products, "_QUICK_MAX_K", 512)
+    rng = np.random.default_rng(21)
+    n = 1024
+    A, B, where = float32_values_with_planted_ties(rng, n)
     sizes: list[int] = []
     real = sumprod_module._round_pieces
 
@@ -211,6 +223,46 @@ def test_float64_matmul_of_float32_values_1024_rounds_ties_from_the_slice_produc
         check_element(res, exact_dot(A[i], B[:, j]), (int(i), int(j)), "float64")
     # Every array is the one the exact path (over all 1024 products) gives.
     monkeypatch.setattr(sumprod_module, "_round_pieces", lambda parts, exact, idx, *args: idx)
+    again = er.matmul(A, B)
+    for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "tolerance"):
+        np.testing.assert_array_equal(getattr(res._parts[0], name), getattr(again._parts[0], name), err_msg=name)
+
+
+@pytest.mark.skipif(not _fused.available(), reason="numba is not installed (exactref[fast])")
+def test_float64_matmul_of_float32_values_1024_with_the_quick_cut_rounds_ties_in_the_loop(monkeypatch):
+    """The quick cut leaves hundreds of elements a block undecided here, ties and exact float64
+    values among them (float32 values' sums have few bits): the exact path's compiled loop decides
+    every one (a second extraction, and float64 ties to even), and every array is the numpy
+    code's."""
+    from exactref.engine import products
+    rng = np.random.default_rng(22)
+    n = 1024
+    A, B, where = float32_values_with_planted_ties(rng, n)
+    cuts: list[int] = []
+    real_sliced = products.Right._sliced
+
+    def sliced(self, A_rows, cut, *args):
+        cuts.append(len(cut.slices))
+        return real_sliced(self, A_rows, cut, *args)
+    decided: list[tuple[int, int]] = []
+    real_loop = _fused_refine.extract_decide
+
+    def loop(P, fmt, **kw):
+        out = real_loop(P, fmt, **kw)
+        decided.append((int(out[3].sum()), len(P)))
+        return out
+    monkeypatch.setattr(products.Right, "_sliced", sliced)
+    monkeypatch.setattr(_fused_refine, "extract_decide", loop)
+    res = er.matmul(A, B)
+    assert cuts and set(cuts) == {1}, "every block was meant to take the quick cut alone"
+    assert sum(d for d, _ in decided) == sum(m for _, m in decided) > 400
+    for (i, j), (what, _, _, expected) in zip(where, PIECES_PLANTED):
+        assert float(res.rounded[i, j]) == expected, what
+        check_element(res, exact_dot(A[i], B[:, j]), (i, j), "float64")
+    for i, j in zip(rng.integers(0, n, 30), rng.integers(0, n, 30)):
+        check_element(res, exact_dot(A[i], B[:, j]), (int(i), int(j)), "float64")
+    monkeypatch.setattr(_fused_refine, "extract_decide", lambda *a, **k: None)
+    monkeypatch.setattr(_fused_refine, "gather_two_products", lambda *a, **k: None)
     again = er.matmul(A, B)
     for name in ("rounded", "x_lo", "x_hi", "lo", "hi", "tolerance"):
         np.testing.assert_array_equal(getattr(res._parts[0], name), getattr(again._parts[0], name), err_msg=name)

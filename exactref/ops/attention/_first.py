@@ -33,7 +33,7 @@ import numpy as np
 from ... import _fused
 from ..._parallel import for_each, for_each_slice
 from ..._pool import empty
-from ...engine.fast import _PRODUCT_MIN, _SPLIT_MAX, _SPLITTER, gamma, two_prod, two_sum, up
+from ...engine.fast import gamma, two_prod, two_sum, up
 from ...engine.products import matmul_sliced, rows_per_block
 from . import _factors, _loops
 from ._problem import Problem
@@ -295,7 +295,7 @@ def dot_rows(X: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray,
     """
     n = X.shape[-1]
     # (The same sums by one compiled loop, a row at a time, where it applies: _loops.py.)
-    made = _loops.dot2_rows(X, hi, lo, (_SPLITTER, _SPLIT_MAX, _PRODUCT_MIN))
+    made = _loops.dot2_rows(X, hi, lo)
     if made is not None:
         s, c, absum = made
     else:

@@ -39,6 +39,7 @@ __all__ = ["cap_rows", "dot2_rows", "ds_bound_rows", "ds_rows", "ds_sums", "logi
 
 _BLOCK_SUM: Any = None
 _PAIRWISE: Any = None
+_TWO_PROD: Any = None  # exactref/_fused.py's two_prod
 # 2**e for e in [-1077, 1023], which the logits' loop scales its weights by.
 _POW2 = np.ldexp(1.0, np.arange(-1077, 1024))
 _POW2.flags.writeable = False
@@ -366,8 +367,11 @@ def ds_rows(dP_hi: np.ndarray, dP_lo: np.ndarray, dP_rad: np.ndarray, D: np.ndar
 
 @functools.lru_cache(maxsize=1)
 def _dot2_loop() -> Callable[..., None]:
+    global _TWO_PROD
+    _TWO_PROD = _fused._two_prod()
+
     @_fused._jit()
-    def loop(X, hi, lo, splitter, split_max, product_min, s_out, c_out, absum_out):
+    def loop(X, hi, lo, s_out, c_out, absum_out):
         # _first.dot_rows' sums, its numpy operations in order, one row at a time: Dekker's product
         # of X and hi (engine.fast.two_prod, its error 0 where unsafe), Knuth's two_sum into s, the
         # errors and X lo into c, and sum |X| (|hi| + |lo|).
@@ -379,18 +383,7 @@ def _dot2_loop() -> Callable[..., None]:
             for j in range(n):
                 a = X[i, j]
                 b = hi[i, j]
-                p = a * b
-                ca = splitter * a
-                ah = ca - (ca - a)
-                al = a - ah
-                cb = splitter * b
-                bh = cb - (cb - b)
-                bl = b - bh
-                e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-                safe = (abs(a) < split_max) & (abs(b) < split_max)
-                safe = safe & ((abs(p) >= product_min) | (a == 0) | (b == 0))
-                if not safe:
-                    e = 0.0
+                p, e, _ = _TWO_PROD(a, b)
                 t = s + p
                 z = t - s
                 c = c + ((((s - (t - z)) + (p - z)) + e) + a * lo[i, j])
@@ -403,18 +396,15 @@ def _dot2_loop() -> Callable[..., None]:
     return loop
 
 
-def dot2_rows(X: np.ndarray, hi: np.ndarray, lo: np.ndarray, constants: tuple[float, float, float]
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def dot2_rows(X: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """_first.dot_rows' s, c and sum |X| (|hi| + |lo|) over the last axis, by the loop; None where it
-    does not apply (numba missing, small or not C-contiguous float64 arrays of one shape).
-    ``constants``: engine.fast's splitter, largest value it splits and smallest safe product."""
+    does not apply (numba missing, small or not C-contiguous float64 arrays of one shape)."""
     if not (_fused._plain(X, hi, lo) and X.ndim >= 1):
         return None
     n = X.shape[-1]
     out = tuple(np.empty(X.shape[:-1]) for _ in range(3))
     with np.errstate(all="ignore"):
-        _dot2_loop()(X.reshape(-1, n), hi.reshape(-1, n), lo.reshape(-1, n), *map(float, constants),
-                     *(o.reshape(-1) for o in out))
+        _dot2_loop()(X.reshape(-1, n), hi.reshape(-1, n), lo.reshape(-1, n), *(o.reshape(-1) for o in out))
     return out
 
 
