@@ -14,12 +14,13 @@ which the float64 sum ``lo`` of the extraction's remainders is made differs (fou
 so that the additions overlap), and that bound holds for a sum in any order.  Where the loop
 decides a row, its rounding and float64 bounds are the exact value's, as the numpy code's are:
 the same values.  A row the first extraction leaves is extracted again from its remainders
-(``second``; its bound is derived in docs/guarantees-and-limits.md), and where either's sum is
-exact, a float64 output's tie goes to even: rows the numpy code leaves to math.fsum, as it does
-the sums of float32 values that lie on a float64 or halfway between two (a float64 1024**3
-matmul of float32 values, by the products' quick cut, has hundreds a block).  A row it leaves
-(a row of zeros, a sigma out of range, enclosures that do not decide, a rounding outside the bit
-trick's range) goes to the numpy code as before (engine.decision.refine).  Like
+(``second``, as engine.decision.extract_twice; its bound is derived in
+docs/guarantees-and-limits.md), and where either's sum is exact, a float64 output's tie goes to
+even: so the sums of float32 values that lie on a float64 or halfway between two are decided
+here (a float64 1024**3 matmul of float32 values, by the products' quick cut, has hundreds a
+block).  A row it leaves (a row of zeros, a sigma out of range, enclosures that do not decide, a
+rounding outside the bit trick's range) goes to the numpy code as before
+(engine.decision.refine).  Like
 exactref/_fused.py's loops: IEEE arithmetic without fast-math, the GIL released, the machine
 code kept on disk, and helpers named as globals of this module.
 """
@@ -130,7 +131,7 @@ def _loop() -> Callable[..., None]:
             x = P[i, j]
             a = abs(x - ((x + sigma) - sigma))
             M = a if a > M else M
-        k = math.frexp(M)[1] + levels  # (M is not 0: the first's bound would be below the grid)
+        k = math.frexp(M)[1] + levels  # (M = 0, all r 0, gives sigma2 = 2**levels: sound too)
         if k < kmin or k > kmax:
             return False, 0.0, 0.0, 0.0
         sigma2 = math.ldexp(1.0, k)
@@ -289,7 +290,6 @@ def gather_products(A: np.ndarray, B: np.ndarray, idx: np.ndarray) -> tuple[np.n
     P, safe = np.empty((idx.size, K)), np.empty(idx.size, dtype=bool)
     _gather_loop()(A, B, idx.astype(np.int64, copy=False), B.shape[1], P, safe)
     return P, safe
-
 
 
 @functools.lru_cache(maxsize=1)
