@@ -548,4 +548,3 @@ def test_the_exact_paths_roundings_and_bounds_are_the_exact_values(dtype):
         if exact_path[i, j]:
             assert lo == round_fraction(exact, "float64") == hi if F(lo) == exact else \
                 (F(lo) < exact < F(hi) and np.nextafter(lo, np.inf) == hi)
-
