@@ -153,9 +153,10 @@ def judge(rounded: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, E: np.ndarray
 def judge_one(x_lo: float, x_hi: float, E: float, fmt: Format) -> tuple[float, float, float] | None:
     """``(lo, hi, tolerance)`` of :func:`judge` for one element of a float32 output (``fmt`` rounded
     by numpy's cast) without special values or overflow marks, by the same IEEE operations in
-    the same order on Python floats (rounding's below and above themselves), bit for bit (see engine.decision.decide_one for why).  None
-    outside what it covers, which judge does: E not positive and finite (a zero E asks for the
-    exact value, an infinite one for no bound), an end past float32's largest value."""
+    the same order on Python floats (rounding's below and above themselves), bit for bit (see
+    engine.decision.decide_one for why).  None outside what it covers, which judge does: E not
+    positive and finite (a zero E asks for the exact value, an infinite one for no bound), an end
+    past float32's largest value."""
     if not (0 < E < np.inf and _fused._rounds_by_cast(fmt)):
         return None
     low_at, high_at = below(x_lo - E, E), above(x_hi + E, E)  # (as _ends makes them)

@@ -435,31 +435,21 @@ _REFINE_SHARE = 1 / 128
 _REFINE_MIN = 128
 
 
-def _plain_narrow(terms: list[Term]) -> MatmulTerm | None:
-    """The one term of a block that is a narrow 2-D product with coefficient 1 (a float32 matmul's
-    block, say), or None: the blocks the compiled decision and the compiled gather take."""
+def _plain_product(terms: list[Term]) -> MatmulTerm | None:
+    """The one term of a block that is a 2-D product with coefficient 1 (a matmul's block), or None:
+    the blocks the compiled gathers take, and, narrow, the compiled decision."""
     if len(terms) != 1:
         return None
     t = terms[0]
-    ok = isinstance(t, MatmulTerm) and t.narrow and t.coef == 1 and t.A.ndim == 2 and t.B.ndim == 2
-    return t if ok else None
-
-
-def _plain_wide(terms: list[Term]) -> MatmulTerm | None:
-    """The one term of a block that is a float64 2-D product with coefficient 1 (a float64 matmul's
-    block), or None: the blocks whose exact path the compiled two-product gather takes."""
-    if len(terms) != 1:
-        return None
-    t = terms[0]
-    ok = isinstance(t, MatmulTerm) and not t.narrow and t.coef == 1 and t.A.ndim == 2 and t.B.ndim == 2
+    ok = isinstance(t, MatmulTerm) and t.coef == 1 and t.A.ndim == 2 and t.B.ndim == 2
     return t if ok else None
 
 
 def plain_narrow_product(terms: list[Term]) -> products.NarrowProduct | None:
-    """The BLAS products of a :func:`_plain_narrow` block, before its enclosure is made
+    """The BLAS products of a narrow :func:`_plain_product` block, before its enclosure is made
     (solve_in_blocks's ``decide``)."""
-    t = _plain_narrow(terms)
-    if t is None:
+    t = _plain_product(terms)
+    if t is None or not t.narrow:
         return None
     t.prepare()
     return t.right.narrow_product(t.A, t.abs_A)
@@ -590,19 +580,17 @@ def _exact_long(terms: list[Term], shape: tuple[int, ...], i: int, fmt: Format) 
 
 def _pieces(terms: list[Term], shape: tuple[int, ...], idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float64 pieces whose row sums are the exact values of ``idx``, and which rows split safely."""
-    t = _plain_narrow(terms)
+    t = _plain_product(terms)
     if t is not None:
-        # A float32 matmul's block, say: the same products by one compiled gather.
-        made = _fused_refine.gather_products(t.A, t.B, idx)
-        if made is not None:
-            return made
-    t = _plain_wide(terms)
-    if t is not None:
-        # A float64 matmul's block: the same products and errors by one compiled gather.
-        # (B's columns from a contiguous transpose, once many are read: products.Right.transpose_for;
-        # an F-contiguous B, a gradient's, is one already.)
-        BT = None if t.right is None or t.B.flags.f_contiguous else t.right.transpose_for(idx.size)
-        made = _fused_refine.gather_two_products(t.A, t.B, idx, BT)
+        if t.narrow:
+            # A float32 matmul's block, say: the same products by one compiled gather.
+            made = _fused_refine.gather_products(t.A, t.B, idx)
+        else:
+            # A float64 matmul's block: the same products and errors by one compiled gather, B's
+            # columns from a contiguous transpose once many are read (products.Right.transpose_for;
+            # an F-contiguous B, a gradient's, is one already).
+            BT = None if t.right is None or t.B.flags.f_contiguous else t.right.transpose_for(idx.size)
+            made = _fused_refine.gather_two_products(t.A, t.B, idx, BT)
         if made is not None:
             return made
     cols: list[np.ndarray] = []

@@ -202,13 +202,13 @@ def build(op: str, fmt: Format | ComplexFormat, shape: tuple[int, ...], specs: l
     pfmt = part_of(fmt)
     solved = []
     # (An output of one judging block gains nothing: it keeps the steps' plain order, at less cost.)
+    # One real part whose tolerance is elementwise, without special values: judged as it is solved.
+    blockwise = len(specs) == 1 and specs[0].blockwise and specs[0].special_terms is None and via is None
     if judged is not None:
         parts, specs_left = list(judged), []
-    elif (len(specs) == 1 and specs[0].blockwise and specs[0].special_terms is None and via is None
-          and (small := _judged_at_once(specs[0], shape, pfmt)) is not None):
+    elif blockwise and (small := _judged_at_once(specs[0], shape, pfmt)) is not None:
         parts, specs_left = [small], []
-    elif (len(specs) == 1 and specs[0].blockwise and specs[0].special_terms is None and via is None
-            and math.prod(shape) > _JUDGE_BLOCK):
+    elif blockwise and math.prod(shape) > _JUDGE_BLOCK:
         parts = [_solve_judged(specs[0], shape, pfmt)]
         specs_left: list[PartSpec] = []
     else:
