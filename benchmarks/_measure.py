@@ -69,11 +69,11 @@ def blas() -> str:
     this CPU, for a benchmark's header.
 
     The ratios rest on it: on the 2-core AMD EPYC (Zen 5, CPU family 26) these benchmarks were
-    measured on, numpy 2.4.6's OpenBLAS 0.3.31 chose its Haswell (AVX2) kernels, though the CPU
-    has AVX-512 (its maintainers found Zen 5's family missing from that detection:
-    OpenMathLib/OpenBLAS#6029).  Its float64 512^3 product on one thread took 4.7 ms so, against
-    3.0 with its SkylakeX kernels (``OPENBLAS_CORETYPE=SkylakeX``, a diagnostic only: users do
-    not set it).
+    measured on, numpy 2.4.6's OpenBLAS 0.3.31 ran its Haswell (AVX2) kernels, though the CPU has
+    AVX-512, because that machine's environment sets ``OPENBLAS_CORETYPE=Haswell``; without it,
+    OpenBLAS picks its SkylakeX kernels there.  Its float64 512^3 product on one thread took 4.7 ms
+    with the Haswell kernels, against 3.0 with the SkylakeX ones.  The benchmarks take the
+    environment as they find it.
     """
     found = [f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')} kernels, "
              f"{p.get('num_threads')} threads, {p.get('filepath', '').rsplit('/', 1)[-1]})"
